@@ -1,0 +1,68 @@
+"""KV cache after verification (DESIGN §5): plans, in-place compaction, paged slot commits.
+
+Host buffers (numpy arrays of any dtype, torch CPU tensors viewed without a copy) are moved in
+place by Rust with the GIL released; CUDA tensors get the same checked plan applied on the
+device with one indexed copy.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from specsched import _core, _torch
+from specsched._core import BatchVerifyResult, VerifyResult
+
+Result = VerifyResult | BatchVerifyResult
+
+
+def kv_compaction_plan(result: Result, prefix_lens: Any) -> tuple[np.ndarray, ...]:
+    """`(src, dst)` int64 sequence positions for a VerifyResult, `(req, src, dst)` for a batch.
+
+    Only moves with `src != dst`, in an order that is safe to apply one after another.
+    """
+    return _core.kv_compaction_plan(result, _torch.host_array(prefix_lens))
+
+
+def compact_kv(
+    cache: Any,
+    result: Result,
+    prefix_lens: Any,
+    seq_dim: int,
+    *,
+    batch_dim: int | None = None,
+) -> None:
+    """Moves the accepted nodes' KV entries to `prefix + 0..k` along `seq_dim`, in place.
+
+    `cache` is a numpy array or a torch tensor (CPU or CUDA) with a sequence axis; for a
+    BatchVerifyResult it also has a batch axis (`batch_dim`, default 0) with one row per
+    request, and `prefix_lens` is an int or one int per request.
+    """
+    prefix_lens = _torch.host_array(prefix_lens)
+    if _torch.is_tensor(cache):
+        if cache.device.type != "cpu":
+            moves = _core.cache_moves(
+                list(cache.shape), result, prefix_lens, seq_dim, batch_dim
+            )
+            _torch.compact_on_device(cache, moves)
+            return
+        cache = _torch.raw_cpu_view(cache)
+    _core.compact_kv(cache, result, prefix_lens, seq_dim, batch_dim)
+
+
+def commit_slots(slots: Any, result: Result) -> tuple[Any, Any]:
+    """Paged caches: `(kept, freed)` slot ids; kept in path order, freed in node order.
+
+    For a batch, kept is `[B, D+1]` padded with -1 and freed is flat, request-major. torch
+    slots give torch results on the slots' device.
+    """
+    kept, freed = _core.commit_slots(_torch.host_array(slots), result)
+    if _torch.is_tensor(slots):
+        import torch
+
+        return (
+            torch.from_numpy(kept).to(slots.device),
+            torch.from_numpy(freed).to(slots.device),
+        )
+    return kept, freed

@@ -1,0 +1,51 @@
+//! The one error type of the core. Every variant names the argument it is about, so the
+//! binding crate can map it to a Python exception whose message a user can act on.
+
+use thiserror::Error;
+
+/// What went wrong, and with which argument. `Value` maps to Python's `ValueError`,
+/// `Index` to `IndexError` and `Type` to `TypeError`.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum Error {
+    /// An argument has the right type but an invalid value (shape, range, structure).
+    #[error("{arg}: {msg}")]
+    Value { arg: &'static str, msg: String },
+    /// An index argument points outside the object it indexes.
+    #[error("{arg}: {msg}")]
+    Index { arg: &'static str, msg: String },
+    /// An argument has a type (dtype) the operation cannot take.
+    #[error("{arg}: {msg}")]
+    Type { arg: &'static str, msg: String },
+}
+
+impl Error {
+    pub fn value(arg: &'static str, msg: impl Into<String>) -> Self {
+        Error::Value {
+            arg,
+            msg: msg.into(),
+        }
+    }
+
+    pub fn index(arg: &'static str, msg: impl Into<String>) -> Self {
+        Error::Index {
+            arg,
+            msg: msg.into(),
+        }
+    }
+
+    pub fn type_(arg: &'static str, msg: impl Into<String>) -> Self {
+        Error::Type {
+            arg,
+            msg: msg.into(),
+        }
+    }
+
+    /// The argument the error is about.
+    pub fn arg(&self) -> &'static str {
+        match self {
+            Error::Value { arg, .. } | Error::Index { arg, .. } | Error::Type { arg, .. } => arg,
+        }
+    }
+}
+
+pub type Result<T> = std::result::Result<T, Error>;

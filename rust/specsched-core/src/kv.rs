@@ -1,0 +1,464 @@
+//! KV cache after verification.
+//!
+//! The verify pass wrote node `i`'s KV at sequence position `prefix + i`; after accepting
+//! `0, a1, ..., ak` the kept entries must sit at `prefix + 0..=k`. The plan lists the moves
+//! `prefix + a_j -> prefix + j` with `a_j != j`. Since `a_j >= j` and the `a_j` increase,
+//! applying the moves in order never overwrites a source still to be read, so compaction is
+//! in place with no temporary copy. [`StridedMut`] applies a plan to any strided buffer (any
+//! dtype, any layout with a sequence axis and optionally a batch axis), copying the largest
+//! contiguous run of the remaining axes with one `memcpy`. The paged form ([`commit_slots`])
+//! moves nothing: it splits slot ids into kept (path order) and freed.
+
+use crate::error::{Error, Result};
+use crate::tree::IndexLike;
+use crate::verify::{BatchVerified, Verified};
+
+/// One sequence move of request `req` (0 for a single tree).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Move {
+    pub req: usize,
+    pub src: usize,
+    pub dst: usize,
+}
+
+fn check_prefix(arg: &'static str, index: Option<usize>, p: i64) -> Result<usize> {
+    if p < 0 {
+        return Err(Error::value(
+            arg,
+            match index {
+                Some(i) => format!("prefix_lens[{i}] = {p}, must be >= 0"),
+                None => format!("must be >= 0, got {p}"),
+            },
+        ));
+    }
+    Ok(p as usize)
+}
+
+/// Moves for one verified tree at `prefix`.
+pub fn compaction_plan(r: &Verified, prefix: i64) -> Result<Vec<Move>> {
+    let prefix = check_prefix("prefix_lens", None, prefix)?;
+    Ok(plan_row(&r.accepted_nodes, prefix, 0).collect())
+}
+
+fn plan_row(accepted: &[i32], prefix: usize, req: usize) -> impl Iterator<Item = Move> + '_ {
+    accepted
+        .iter()
+        .enumerate()
+        .take_while(|(_, &a)| a >= 0)
+        .filter(|(j, &a)| a as usize != *j)
+        .map(move |(j, &a)| Move {
+            req,
+            src: prefix + a as usize,
+            dst: prefix + j,
+        })
+}
+
+/// Moves for a verified batch, request-major; `prefix` has one entry per request.
+pub fn batch_compaction_plan(r: &BatchVerified, prefix: &[i64]) -> Result<Vec<Move>> {
+    if prefix.len() != r.num_trees() {
+        return Err(Error::value(
+            "prefix_lens",
+            format!(
+                "has {} entries, expected one per request ({})",
+                prefix.len(),
+                r.num_trees()
+            ),
+        ));
+    }
+    let mut moves = Vec::new();
+    for (b, &p) in prefix.iter().enumerate() {
+        let p = check_prefix("prefix_lens", Some(b), p)?;
+        moves.extend(plan_row(r.accepted_row(b), p, b));
+    }
+    Ok(moves)
+}
+
+/// Checks a cache shape against the requests a plan serves: the batch axis (if any) has one
+/// row per request and the sequence axis holds `prefix + num_nodes` for every request.
+/// `extents[b] = (prefix_b, num_nodes_b)`.
+pub fn check_cache_shape(
+    shape: &[usize],
+    seq_dim: usize,
+    batch_dim: Option<usize>,
+    extents: &[(usize, usize)],
+) -> Result<()> {
+    let ndim = shape.len();
+    if seq_dim >= ndim {
+        return Err(Error::value(
+            "seq_dim",
+            format!("is {seq_dim}, but the cache has {ndim} dimensions"),
+        ));
+    }
+    if let Some(bd) = batch_dim {
+        if bd >= ndim {
+            return Err(Error::value(
+                "batch_dim",
+                format!("is {bd}, but the cache has {ndim} dimensions"),
+            ));
+        }
+        if bd == seq_dim {
+            return Err(Error::value("batch_dim", "must differ from seq_dim"));
+        }
+        if shape[bd] != extents.len() {
+            return Err(Error::value(
+                "cache",
+                format!(
+                    "batch axis {bd} has length {}, expected one row per request ({})",
+                    shape[bd],
+                    extents.len()
+                ),
+            ));
+        }
+    }
+    for (b, &(p, n)) in extents.iter().enumerate() {
+        if p + n > shape[seq_dim] {
+            return Err(Error::value(
+                "cache",
+                format!(
+                    "sequence axis {seq_dim} has length {}, too short for request {b}: prefix {p} + {n} tree nodes",
+                    shape[seq_dim]
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// A writable strided buffer of any element type, described by raw parts.
+pub struct StridedMut {
+    ptr: *mut u8,
+    shape: Vec<usize>,
+    /// Byte strides, possibly negative.
+    strides: Vec<isize>,
+    itemsize: usize,
+}
+
+// SAFETY: a StridedMut is the exclusive handle to its buffer for its lifetime (see `new`);
+// moving it to another thread moves that exclusivity with it.
+unsafe impl Send for StridedMut {}
+
+impl StridedMut {
+    /// # Safety
+    /// `ptr`, `shape`, `strides` (bytes) and `itemsize` must describe memory that is valid for
+    /// reads and writes at every index within `shape`, and nothing else may access it while the
+    /// returned value is alive.
+    pub unsafe fn new(
+        ptr: *mut u8,
+        shape: Vec<usize>,
+        strides: Vec<isize>,
+        itemsize: usize,
+    ) -> Result<StridedMut> {
+        if shape.len() != strides.len() {
+            return Err(Error::value("cache", "shape and strides differ in length"));
+        }
+        let buf = StridedMut {
+            ptr,
+            shape,
+            strides,
+            itemsize,
+        };
+        buf.check_no_self_overlap()?;
+        Ok(buf)
+    }
+
+    pub fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+
+    /// Refuses buffers in which two indices share memory (broadcast or overlapping views):
+    /// a move into one would silently change another.
+    fn check_no_self_overlap(&self) -> Result<()> {
+        if self.shape.contains(&0) {
+            return Ok(());
+        }
+        let mut dims: Vec<(usize, usize)> = self
+            .shape
+            .iter()
+            .zip(&self.strides)
+            .filter(|(&n, _)| n > 1)
+            .map(|(&n, &s)| (s.unsigned_abs(), n))
+            .collect();
+        dims.sort_unstable();
+        let mut span = self.itemsize; // bytes covered by the inner dims
+        for (stride, n) in dims {
+            if stride < span {
+                return Err(Error::value(
+                    "cache",
+                    "has overlapping memory (a broadcast or self-overlapping view); pass a buffer that owns its elements",
+                ));
+            }
+            span = stride * (n - 1) + span;
+        }
+        Ok(())
+    }
+
+    /// Applies `moves` in order along `seq_dim`; `batch_dim` selects the request axis.
+    pub fn apply(
+        &mut self,
+        seq_dim: usize,
+        batch_dim: Option<usize>,
+        moves: &[Move],
+    ) -> Result<()> {
+        let ndim = self.shape.len();
+        if seq_dim >= ndim {
+            return Err(Error::value(
+                "seq_dim",
+                format!("is {seq_dim}, but the cache has {ndim} dimensions"),
+            ));
+        }
+        if let Some(bd) = batch_dim {
+            if bd >= ndim {
+                return Err(Error::value(
+                    "batch_dim",
+                    format!("is {bd}, but the cache has {ndim} dimensions"),
+                ));
+            }
+            if bd == seq_dim {
+                return Err(Error::value("batch_dim", "must differ from seq_dim"));
+            }
+        }
+        let seq_len = self.shape[seq_dim];
+        let batch_len = batch_dim.map_or(1, |d| self.shape[d]);
+        // Check every move before writing anything, so a bad plan leaves the cache untouched.
+        for m in moves {
+            if m.src >= seq_len || m.dst >= seq_len {
+                return Err(Error::value(
+                    "cache",
+                    format!(
+                        "sequence axis {seq_dim} has length {seq_len}, too short for a move from position {} to {}",
+                        m.src, m.dst
+                    ),
+                ));
+            }
+            if m.req >= batch_len {
+                return Err(Error::value(
+                    "cache",
+                    format!(
+                        "batch axis has length {batch_len}, but request {} is moved",
+                        m.req
+                    ),
+                ));
+            }
+        }
+        // The other axes: merge the innermost ones that are contiguous into one memcpy chunk.
+        let mut rest: Vec<(usize, isize)> = (0..ndim)
+            .filter(|&d| d != seq_dim && Some(d) != batch_dim)
+            .map(|d| (self.shape[d], self.strides[d]))
+            .collect();
+        if rest.iter().any(|&(n, _)| n == 0) {
+            return Ok(());
+        }
+        let mut chunk = self.itemsize;
+        while let Some(&(n, s)) = rest.last() {
+            if s == chunk as isize {
+                chunk *= n;
+                rest.pop();
+            } else {
+                break;
+            }
+        }
+        let outer: usize = rest.iter().map(|&(n, _)| n).product();
+        let mut index = vec![0usize; rest.len()];
+        for m in moves {
+            let base = m.req as isize * batch_dim.map_or(0, |d| self.strides[d]);
+            let src = base + m.src as isize * self.strides[seq_dim];
+            let dst = base + m.dst as isize * self.strides[seq_dim];
+            index.fill(0);
+            let mut off = 0isize;
+            for _ in 0..outer {
+                // SAFETY: every index is within `shape` (moves checked above, odometer bounded
+                // by `rest`), so both ranges lie inside the buffer `new` was promised; src and
+                // dst differ in the sequence index of a non-overlapping layout, so the
+                // `chunk`-byte ranges are disjoint.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(
+                        self.ptr.offset(src + off),
+                        self.ptr.offset(dst + off),
+                        chunk,
+                    );
+                }
+                // Odometer over the outer axes, innermost first.
+                for d in (0..rest.len()).rev() {
+                    index[d] += 1;
+                    off += rest[d].1;
+                    if index[d] < rest[d].0 {
+                        break;
+                    }
+                    off -= rest[d].1 * rest[d].0 as isize;
+                    index[d] = 0;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Paged form for one tree: `(kept, freed)` slot ids — the accepted nodes' slots in path order,
+/// and every other node's slot in node order.
+pub fn commit_slots<I: IndexLike>(
+    slots: ndarray::ArrayView1<'_, I>,
+    r: &Verified,
+) -> Result<(Vec<i64>, Vec<i64>)> {
+    if slots.len() != r.num_nodes {
+        return Err(Error::value(
+            "slots",
+            format!(
+                "has {} entries, expected one per tree node ({})",
+                slots.len(),
+                r.num_nodes
+            ),
+        ));
+    }
+    Ok(split_slots(slots, 0, r.num_nodes, &r.accepted_nodes))
+}
+
+fn split_slots<I: IndexLike>(
+    slots: ndarray::ArrayView1<'_, I>,
+    base: usize,
+    n: usize,
+    accepted: &[i32],
+) -> (Vec<i64>, Vec<i64>) {
+    let mut keep = vec![false; n];
+    let mut kept = Vec::with_capacity(accepted.len());
+    for &a in accepted.iter().take_while(|&&a| a >= 0) {
+        keep[a as usize] = true;
+        kept.push(slots[base + a as usize].to_i64());
+    }
+    let freed = (0..n)
+        .filter(|&i| !keep[i])
+        .map(|i| slots[base + i].to_i64())
+        .collect();
+    (kept, freed)
+}
+
+/// Paged form for a batch: kept `[B, width]` (-1 padded, row-major) and freed (flat,
+/// request-major).
+pub fn batch_commit_slots<I: IndexLike>(
+    slots: ndarray::ArrayView1<'_, I>,
+    r: &BatchVerified,
+) -> Result<(Vec<i64>, Vec<i64>)> {
+    let total = *r.offsets.last().unwrap_or(&0);
+    if slots.len() != total {
+        return Err(Error::value(
+            "slots",
+            format!(
+                "has {} entries, expected one per tree node ({total})",
+                slots.len()
+            ),
+        ));
+    }
+    let mut kept = vec![-1i64; r.num_trees() * r.width];
+    let mut freed = Vec::with_capacity(total);
+    for b in 0..r.num_trees() {
+        let (base, end) = (r.offsets[b], r.offsets[b + 1]);
+        let (k, f) = split_slots(slots, base, end - base, r.accepted_row(b));
+        kept[b * r.width..b * r.width + k.len()].copy_from_slice(&k);
+        freed.extend(f);
+    }
+    Ok((kept, freed))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ndarray::ArrayView1;
+
+    fn verified(nodes: &[i32], n: usize) -> Verified {
+        Verified {
+            accepted_nodes: nodes.to_vec(),
+            tokens: vec![0; nodes.len()],
+            num_nodes: n,
+        }
+    }
+
+    #[test]
+    fn plan_skips_nodes_already_in_place() {
+        let r = verified(&[0, 1, 4, 6], 8);
+        let plan = compaction_plan(&r, 10).unwrap();
+        assert_eq!(
+            plan,
+            [
+                Move {
+                    req: 0,
+                    src: 14,
+                    dst: 12
+                },
+                Move {
+                    req: 0,
+                    src: 16,
+                    dst: 13
+                }
+            ]
+        );
+        assert!(compaction_plan(&r, -1).is_err());
+    }
+
+    #[test]
+    fn strided_moves_on_a_seq_middle_layout() {
+        // [2, 6, 3] with seq_dim = 1, f32 elements.
+        let mut data: Vec<f32> = (0..36).map(|x| x as f32).collect();
+        let moves = [
+            Move {
+                req: 0,
+                src: 4,
+                dst: 1,
+            },
+            Move {
+                req: 0,
+                src: 5,
+                dst: 2,
+            },
+        ];
+        // SAFETY: the parts describe `data` exactly and nothing else touches it meanwhile.
+        let mut buf = unsafe {
+            StridedMut::new(
+                data.as_mut_ptr() as *mut u8,
+                vec![2, 6, 3],
+                vec![72, 12, 4],
+                4,
+            )
+        }
+        .unwrap();
+        buf.apply(1, None, &moves).unwrap();
+        for outer in 0..2 {
+            for c in 0..3 {
+                let at = |s: usize| data[outer * 18 + s * 3 + c];
+                assert_eq!(at(1), (outer * 18 + 4 * 3 + c) as f32);
+                assert_eq!(at(2), (outer * 18 + 5 * 3 + c) as f32);
+                assert_eq!(at(0), (outer * 18 + c) as f32);
+            }
+        }
+    }
+
+    #[test]
+    fn refuses_overlap_and_out_of_range() {
+        let mut data = [0u8; 8];
+        // Broadcast: stride 0 over 4 elements.
+        let r = unsafe { StridedMut::new(data.as_mut_ptr(), vec![4, 2], vec![0, 1], 1) };
+        assert!(r.is_err());
+        let mut buf =
+            unsafe { StridedMut::new(data.as_mut_ptr(), vec![4, 2], vec![2, 1], 1) }.unwrap();
+        let before = data;
+        assert!(buf
+            .apply(
+                0,
+                None,
+                &[Move {
+                    req: 0,
+                    src: 4,
+                    dst: 0
+                }]
+            )
+            .is_err());
+        assert_eq!(data, before);
+    }
+
+    #[test]
+    fn slots_split_into_kept_and_freed() {
+        let r = verified(&[0, 2, 3], 5);
+        let slots = [10i64, 11, 12, 13, 14];
+        let (kept, freed) = commit_slots(ArrayView1::from(&slots), &r).unwrap();
+        assert_eq!(kept, [10, 12, 13]);
+        assert_eq!(freed, [11, 14]);
+    }
+}

@@ -1,0 +1,539 @@
+//! Trees and ragged batches of trees.
+//!
+//! A tree of `N` nodes is given by `parents` (`parents[0] == -1`, `0 <= parents[i] < i`) and
+//! `tokens`; node 0 is the root, the last committed token. Validation computes, once and in
+//! O(N), everything later stages read: depths, first-child / next-sibling links (children in
+//! increasing node index) and the leaf count. A [`TreeBatch`] stores `B` trees back to back with
+//! CSR `offsets`; parents stay tree-local. Every layout and walk works on a borrowed
+//! [`TreeRef`], so single trees and batch members share one code path.
+
+use ndarray::ArrayView1;
+
+use crate::error::{Error, Result};
+
+/// Integer element types accepted for index and token arrays.
+pub trait IndexLike: Copy + Send + Sync {
+    fn to_i64(self) -> i64;
+}
+
+impl IndexLike for i32 {
+    #[inline]
+    fn to_i64(self) -> i64 {
+        self as i64
+    }
+}
+
+impl IndexLike for i64 {
+    #[inline]
+    fn to_i64(self) -> i64 {
+        self
+    }
+}
+
+impl IndexLike for u32 {
+    #[inline]
+    fn to_i64(self) -> i64 {
+        self as i64
+    }
+}
+
+/// Largest tree accepted. Node indices are stored as `i32`, and a dense mask of this many
+/// nodes is already 2^32 bytes; a larger request is refused before anything is allocated.
+pub const MAX_NODES: usize = 1 << 16;
+
+/// Per-node arrays of one or more trees, stored flat.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+struct Nodes {
+    parents: Vec<i32>,
+    tokens: Vec<i64>,
+    depths: Vec<i32>,
+    first_child: Vec<i32>,
+    next_sibling: Vec<i32>,
+}
+
+impl Nodes {
+    fn with_capacity(n: usize) -> Self {
+        Nodes {
+            parents: Vec::with_capacity(n),
+            tokens: Vec::with_capacity(n),
+            depths: Vec::with_capacity(n),
+            first_child: Vec::with_capacity(n),
+            next_sibling: Vec::with_capacity(n),
+        }
+    }
+
+    /// Validates one tree stored at `parents[start..end]` (tree-local parent indices) and
+    /// appends it. Returns (max_depth, num_leaves) of that tree.
+    fn push_tree<P: IndexLike, T: IndexLike>(
+        &mut self,
+        parents: &ArrayView1<P>,
+        tokens: &ArrayView1<T>,
+        start: usize,
+        end: usize,
+        tree_index: Option<usize>,
+    ) -> Result<(u32, usize)> {
+        let n = end - start;
+        let base = self.parents.len();
+        let where_ = |g: usize| match tree_index {
+            Some(b) => format!("parents[{g}] (node {} of tree {b})", g - start),
+            None => format!("parents[{g}]"),
+        };
+        let mut max_depth = 0i32;
+        for local in 0..n {
+            let g = start + local;
+            let p = parents[g].to_i64();
+            if local == 0 {
+                if p != -1 {
+                    return Err(Error::value(
+                        "parents",
+                        format!(
+                            "{} = {p}, but the first node is the root and must have parent -1",
+                            where_(g)
+                        ),
+                    ));
+                }
+                self.parents.push(-1);
+                self.depths.push(0);
+            } else {
+                if p < 0 || p >= local as i64 {
+                    return Err(Error::value(
+                        "parents",
+                        format!(
+                            "{} = {p}, expected 0 <= parent < {local} (parents come before children)",
+                            where_(g)
+                        ),
+                    ));
+                }
+                let d = self.depths[base + p as usize] + 1;
+                max_depth = max_depth.max(d);
+                self.parents.push(p as i32);
+                self.depths.push(d);
+            }
+            self.tokens.push(tokens[g].to_i64());
+        }
+        // Links: walking nodes in decreasing index and pushing each onto its parent's list
+        // leaves every list in increasing index order.
+        self.first_child.resize(base + n, -1);
+        self.next_sibling.resize(base + n, -1);
+        for local in (1..n).rev() {
+            let p = base + self.parents[base + local] as usize;
+            self.next_sibling[base + local] = self.first_child[p];
+            self.first_child[p] = local as i32;
+        }
+        let num_leaves = self.first_child[base..base + n]
+            .iter()
+            .filter(|&&c| c < 0)
+            .count();
+        Ok((max_depth as u32, num_leaves))
+    }
+}
+
+/// A borrowed view of one tree: what every layout and the verify walk read.
+#[derive(Debug, Clone, Copy)]
+pub struct TreeRef<'a> {
+    pub parents: &'a [i32],
+    pub tokens: &'a [i64],
+    pub depths: &'a [i32],
+    /// First child (tree-local index) of each node, -1 for a leaf.
+    pub first_child: &'a [i32],
+    /// Next sibling (tree-local index, higher than this node's), -1 for the last child.
+    pub next_sibling: &'a [i32],
+    pub max_depth: u32,
+    pub num_leaves: usize,
+}
+
+impl TreeRef<'_> {
+    #[inline]
+    pub fn num_nodes(&self) -> usize {
+        self.parents.len()
+    }
+
+    /// Children of `v` in increasing node index.
+    #[inline]
+    pub fn children(&self, v: usize) -> Children<'_> {
+        Children {
+            next: self.first_child[v],
+            next_sibling: self.next_sibling,
+        }
+    }
+}
+
+/// Iterator over a node's children, lowest index (the draft's preferred candidate) first.
+pub struct Children<'a> {
+    next: i32,
+    next_sibling: &'a [i32],
+}
+
+impl Iterator for Children<'_> {
+    type Item = usize;
+
+    #[inline]
+    fn next(&mut self) -> Option<usize> {
+        if self.next < 0 {
+            return None;
+        }
+        let c = self.next as usize;
+        self.next = self.next_sibling[c];
+        Some(c)
+    }
+}
+
+fn check_lengths(n_parents: usize, n_tokens: usize) -> Result<()> {
+    if n_parents == 0 {
+        return Err(Error::value(
+            "parents",
+            "empty tree: a tree has at least the root node",
+        ));
+    }
+    if n_tokens != n_parents {
+        return Err(Error::value(
+            "tokens",
+            format!("has {n_tokens} entries but parents has {n_parents}"),
+        ));
+    }
+    Ok(())
+}
+
+/// One validated, immutable tree.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Tree {
+    nodes: Nodes,
+    max_depth: u32,
+    num_leaves: usize,
+}
+
+impl Tree {
+    /// Validates `parents` / `tokens` (any strides, any accepted integer type).
+    pub fn from_views<P: IndexLike, T: IndexLike>(
+        parents: ArrayView1<P>,
+        tokens: ArrayView1<T>,
+    ) -> Result<Tree> {
+        let n = parents.len();
+        check_lengths(n, tokens.len())?;
+        if n > MAX_NODES {
+            return Err(Error::value(
+                "parents",
+                format!("{n} nodes, more than the supported maximum of {MAX_NODES}"),
+            ));
+        }
+        let mut nodes = Nodes::with_capacity(n);
+        let (max_depth, num_leaves) = nodes.push_tree(&parents, &tokens, 0, n, None)?;
+        Ok(Tree {
+            nodes,
+            max_depth,
+            num_leaves,
+        })
+    }
+
+    /// Validates slices (convenience for Rust callers and tests).
+    pub fn new(parents: &[i32], tokens: &[i64]) -> Result<Tree> {
+        Tree::from_views(ArrayView1::from(parents), ArrayView1::from(tokens))
+    }
+
+    pub fn view(&self) -> TreeRef<'_> {
+        TreeRef {
+            parents: &self.nodes.parents,
+            tokens: &self.nodes.tokens,
+            depths: &self.nodes.depths,
+            first_child: &self.nodes.first_child,
+            next_sibling: &self.nodes.next_sibling,
+            max_depth: self.max_depth,
+            num_leaves: self.num_leaves,
+        }
+    }
+
+    pub fn num_nodes(&self) -> usize {
+        self.nodes.parents.len()
+    }
+    pub fn parents(&self) -> &[i32] {
+        &self.nodes.parents
+    }
+    pub fn tokens(&self) -> &[i64] {
+        &self.nodes.tokens
+    }
+    pub fn depths(&self) -> &[i32] {
+        &self.nodes.depths
+    }
+    pub fn max_depth(&self) -> u32 {
+        self.max_depth
+    }
+    pub fn num_leaves(&self) -> usize {
+        self.num_leaves
+    }
+}
+
+/// `B` validated trees stored flat with CSR offsets; parents are tree-local.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TreeBatch {
+    nodes: Nodes,
+    offsets: Vec<usize>,
+    max_depths: Vec<u32>,
+    num_leaves: Vec<usize>,
+    max_depth: u32,
+    max_nodes: usize,
+}
+
+/// Largest total node count of a batch (node and global indices must fit in `i32` for the
+/// SGLang layouts, and absurd sizes are refused before allocating).
+pub const MAX_BATCH_NODES: usize = 1 << 24;
+
+impl TreeBatch {
+    /// Validates flat tree-local `parents`, `tokens` and CSR `offsets` (`[B+1]`).
+    pub fn from_views<P: IndexLike, T: IndexLike, O: IndexLike>(
+        parents: ArrayView1<P>,
+        tokens: ArrayView1<T>,
+        offsets: ArrayView1<O>,
+    ) -> Result<TreeBatch> {
+        let total = parents.len();
+        if tokens.len() != total {
+            return Err(Error::value(
+                "tokens",
+                format!("has {} entries but parents has {total}", tokens.len()),
+            ));
+        }
+        if total > MAX_BATCH_NODES {
+            return Err(Error::value(
+                "parents",
+                format!("{total} nodes, more than the supported maximum of {MAX_BATCH_NODES}"),
+            ));
+        }
+        let offs = validate_offsets(offsets, total)?;
+        let b = offs.len() - 1;
+        let mut nodes = Nodes::with_capacity(total);
+        let mut max_depths = Vec::with_capacity(b);
+        let mut num_leaves = Vec::with_capacity(b);
+        let mut max_nodes = 0;
+        for i in 0..b {
+            let (start, end) = (offs[i], offs[i + 1]);
+            if end - start > MAX_NODES {
+                return Err(Error::value(
+                    "offsets",
+                    format!(
+                        "tree {i} has {} nodes, more than the supported maximum of {MAX_NODES}",
+                        end - start
+                    ),
+                ));
+            }
+            let (d, l) = nodes.push_tree(&parents, &tokens, start, end, Some(i))?;
+            max_depths.push(d);
+            num_leaves.push(l);
+            max_nodes = max_nodes.max(end - start);
+        }
+        let max_depth = max_depths.iter().copied().max().unwrap_or(0);
+        Ok(TreeBatch {
+            nodes,
+            offsets: offs,
+            max_depths,
+            num_leaves,
+            max_depth,
+            max_nodes,
+        })
+    }
+
+    /// Concatenates already validated trees (no re-validation).
+    pub fn from_trees(trees: &[&Tree]) -> Result<TreeBatch> {
+        if trees.is_empty() {
+            return Err(Error::value("trees", "a batch needs at least one tree"));
+        }
+        let total: usize = trees.iter().map(|t| t.num_nodes()).sum();
+        if total > MAX_BATCH_NODES {
+            return Err(Error::value(
+                "trees",
+                format!("{total} nodes, more than the supported maximum of {MAX_BATCH_NODES}"),
+            ));
+        }
+        let mut nodes = Nodes::with_capacity(total);
+        let mut offsets = Vec::with_capacity(trees.len() + 1);
+        offsets.push(0);
+        for t in trees {
+            nodes.parents.extend_from_slice(&t.nodes.parents);
+            nodes.tokens.extend_from_slice(&t.nodes.tokens);
+            nodes.depths.extend_from_slice(&t.nodes.depths);
+            nodes.first_child.extend_from_slice(&t.nodes.first_child);
+            nodes.next_sibling.extend_from_slice(&t.nodes.next_sibling);
+            offsets.push(nodes.parents.len());
+        }
+        let max_depths: Vec<u32> = trees.iter().map(|t| t.max_depth).collect();
+        Ok(TreeBatch {
+            nodes,
+            offsets,
+            max_depth: max_depths.iter().copied().max().unwrap_or(0),
+            max_depths,
+            num_leaves: trees.iter().map(|t| t.num_leaves).collect(),
+            max_nodes: trees.iter().map(|t| t.num_nodes()).max().unwrap_or(0),
+        })
+    }
+
+    pub fn num_trees(&self) -> usize {
+        self.offsets.len() - 1
+    }
+    pub fn num_nodes(&self) -> usize {
+        self.nodes.parents.len()
+    }
+    pub fn offsets(&self) -> &[usize] {
+        &self.offsets
+    }
+    pub fn parents(&self) -> &[i32] {
+        &self.nodes.parents
+    }
+    pub fn tokens(&self) -> &[i64] {
+        &self.nodes.tokens
+    }
+    pub fn depths(&self) -> &[i32] {
+        &self.nodes.depths
+    }
+    /// Deepest tree of the batch (padded outputs have `max_depth + 1` columns).
+    pub fn max_depth(&self) -> u32 {
+        self.max_depth
+    }
+    /// Largest tree of the batch.
+    pub fn max_nodes(&self) -> usize {
+        self.max_nodes
+    }
+    pub fn tree_size(&self, b: usize) -> usize {
+        self.offsets[b + 1] - self.offsets[b]
+    }
+
+    /// Tree `b` as a view; panics if `b >= num_trees()` (callers index-check user input).
+    pub fn tree(&self, b: usize) -> TreeRef<'_> {
+        let (s, e) = (self.offsets[b], self.offsets[b + 1]);
+        TreeRef {
+            parents: &self.nodes.parents[s..e],
+            tokens: &self.nodes.tokens[s..e],
+            depths: &self.nodes.depths[s..e],
+            first_child: &self.nodes.first_child[s..e],
+            next_sibling: &self.nodes.next_sibling[s..e],
+            max_depth: self.max_depths[b],
+            num_leaves: self.num_leaves[b],
+        }
+    }
+
+    /// An owned copy of tree `b`.
+    pub fn to_tree(&self, b: usize) -> Tree {
+        let t = self.tree(b);
+        Tree {
+            nodes: Nodes {
+                parents: t.parents.to_vec(),
+                tokens: t.tokens.to_vec(),
+                depths: t.depths.to_vec(),
+                first_child: t.first_child.to_vec(),
+                next_sibling: t.next_sibling.to_vec(),
+            },
+            max_depth: t.max_depth,
+            num_leaves: t.num_leaves,
+        }
+    }
+
+    pub fn trees(&self) -> impl ExactSizeIterator<Item = TreeRef<'_>> + '_ {
+        (0..self.num_trees()).map(move |b| self.tree(b))
+    }
+}
+
+/// Checks CSR offsets over `total` nodes: starts at 0, strictly increasing (every tree has a
+/// root), ends at `total`.
+pub fn validate_offsets<O: IndexLike>(offsets: ArrayView1<O>, total: usize) -> Result<Vec<usize>> {
+    if offsets.len() < 2 {
+        return Err(Error::value(
+            "offsets",
+            format!(
+                "needs at least 2 entries ([0, num_nodes] for one tree), got {}",
+                offsets.len()
+            ),
+        ));
+    }
+    let mut out = Vec::with_capacity(offsets.len());
+    let mut prev = -1i64;
+    for (i, &o) in offsets.iter().enumerate() {
+        let o = o.to_i64();
+        if i == 0 && o != 0 {
+            return Err(Error::value(
+                "offsets",
+                format!("offsets[0] = {o}, expected 0"),
+            ));
+        }
+        if i > 0 && o <= prev {
+            return Err(Error::value(
+                "offsets",
+                format!(
+                    "offsets[{i}] = {o} is not greater than offsets[{}] = {prev} (every tree needs at least its root)",
+                    i - 1
+                ),
+            ));
+        }
+        if o > total as i64 {
+            return Err(Error::value(
+                "offsets",
+                format!("offsets[{i}] = {o} is past the node count {total}"),
+            ));
+        }
+        out.push(o as usize);
+        prev = o;
+    }
+    if prev != total as i64 {
+        return Err(Error::value(
+            "offsets",
+            format!(
+                "offsets[{}] = {prev}, expected the node count {total}",
+                offsets.len() - 1
+            ),
+        ));
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn builds_links_depths_and_leaves() {
+        let t = Tree::new(&[-1, 0, 0, 1, 1, 2], &[10, 11, 12, 13, 14, 15]).unwrap();
+        let v = t.view();
+        assert_eq!(t.depths(), &[0, 1, 1, 2, 2, 2]);
+        assert_eq!(v.first_child, &[1, 3, 5, -1, -1, -1]);
+        assert_eq!(v.next_sibling, &[-1, 2, -1, 4, -1, -1]);
+        assert_eq!(v.children(0).collect::<Vec<_>>(), vec![1, 2]);
+        assert_eq!(t.max_depth(), 2);
+        assert_eq!(t.num_leaves(), 3);
+    }
+
+    #[test]
+    fn rejects_bad_parents() {
+        assert!(Tree::new(&[], &[]).is_err());
+        assert!(Tree::new(&[0], &[1]).is_err());
+        let e = Tree::new(&[-1, 0, 2], &[1, 2, 3]).unwrap_err();
+        assert!(e.to_string().contains("parents[2] = 2"), "{e}");
+        assert!(Tree::new(&[-1, -1], &[1, 2]).is_err());
+        assert!(Tree::new(&[-1, 0], &[1]).is_err());
+    }
+
+    #[test]
+    fn batch_offsets_are_checked() {
+        let p = [-1i32, 0, -1, 0, 1];
+        let t = [1i64, 2, 3, 4, 5];
+        let ok = TreeBatch::from_views(
+            ArrayView1::from(&p),
+            ArrayView1::from(&t),
+            ArrayView1::from(&[0i64, 2, 5]),
+        );
+        let b = ok.unwrap();
+        assert_eq!(b.num_trees(), 2);
+        assert_eq!(b.tree(1).depths, &[0, 1, 2]);
+        assert_eq!(b.max_depth(), 2);
+        for bad in [[1i64, 2, 5], [0, 0, 5], [0, 2, 4], [0, 6, 5]] {
+            assert!(TreeBatch::from_views(
+                ArrayView1::from(&p),
+                ArrayView1::from(&t),
+                ArrayView1::from(&bad)
+            )
+            .is_err());
+        }
+        // The second tree's first node must be a root.
+        let bad_root = TreeBatch::from_views(
+            ArrayView1::from(&p),
+            ArrayView1::from(&t),
+            ArrayView1::from(&[0i64, 1, 5]),
+        );
+        assert!(bad_root.unwrap_err().to_string().contains("tree 1"));
+    }
+}

@@ -1,0 +1,263 @@
+//! Conversions between Python objects and core inputs/outputs: dtype dispatch with messages a
+//! Python user can act on, read-only views over Rust-owned arrays, and output buffers.
+
+use ndarray::{ArrayView, Dimension};
+use numpy::npyffi::flags::NPY_ARRAY_WRITEABLE;
+use numpy::{
+    Element, PyArray, PyArrayDescrMethods, PyArrayDyn, PyArrayMethods, PyReadonlyArray1,
+    PyReadwriteArrayDyn, PyUntypedArray, PyUntypedArrayMethods,
+};
+use pyo3::exceptions::{PyIndexError, PyTypeError, PyValueError};
+use pyo3::prelude::*;
+
+use specsched_core::layout::PrefixLens;
+use specsched_core::Error;
+
+/// Maps a core error to the Python exception of the same meaning.
+pub fn to_pyerr(e: Error) -> PyErr {
+    match e {
+        Error::Value { .. } => PyValueError::new_err(e.to_string()),
+        Error::Index { .. } => PyIndexError::new_err(e.to_string()),
+        Error::Type { .. } => PyTypeError::new_err(e.to_string()),
+    }
+}
+
+pub trait IntoPyResult<T> {
+    fn py(self) -> PyResult<T>;
+}
+
+impl<T> IntoPyResult<T> for specsched_core::Result<T> {
+    fn py(self) -> PyResult<T> {
+        self.map_err(to_pyerr)
+    }
+}
+
+/// `obj` as a numpy array: arrays as they are, anything else (lists, torch CPU tensors)
+/// through `numpy.asarray`, which shares memory whenever it can.
+pub fn as_ndarray<'py>(obj: &Bound<'py, PyAny>, arg: &str) -> PyResult<Bound<'py, PyUntypedArray>> {
+    if let Ok(a) = obj.cast::<PyUntypedArray>() {
+        return Ok(a.clone());
+    }
+    let np = numpy::get_array_module(obj.py())?;
+    let converted = np.call_method1("asarray", (obj,)).map_err(|e| {
+        PyTypeError::new_err(format!(
+            "{arg}: expected an array, got {}: {e}",
+            type_name(obj)
+        ))
+    })?;
+    converted.cast_into::<PyUntypedArray>().map_err(|_| {
+        PyTypeError::new_err(format!("{arg}: expected an array, got {}", type_name(obj)))
+    })
+}
+
+pub fn type_name(obj: &Bound<'_, PyAny>) -> String {
+    obj.get_type()
+        .name()
+        .map(|n| n.to_string())
+        .unwrap_or_else(|_| "object".to_owned())
+}
+
+fn dtype_str(a: &Bound<'_, PyUntypedArray>) -> String {
+    a.dtype().to_string()
+}
+
+pub fn check_ndim(a: &Bound<'_, PyUntypedArray>, arg: &str, ndim: usize) -> PyResult<()> {
+    if a.ndim() != ndim {
+        return Err(PyValueError::new_err(format!(
+            "{arg}: expected a {ndim}-D array, got {}-D with shape {:?}",
+            a.ndim(),
+            a.shape()
+        )));
+    }
+    Ok(())
+}
+
+/// A 1-D integer array borrowed read-only, in one of the accepted element types.
+pub enum IntArray1<'py> {
+    I32(PyReadonlyArray1<'py, i32>),
+    I64(PyReadonlyArray1<'py, i64>),
+    U32(PyReadonlyArray1<'py, u32>),
+}
+
+/// Runs `$body` with `$v` bound to the `ArrayView1` of whichever integer type `$arr` holds.
+macro_rules! with_int_view {
+    ($arr:expr, $v:ident => $body:expr) => {
+        match &$arr {
+            $crate::convert::IntArray1::I32(a) => {
+                let $v = a.as_array();
+                $body
+            }
+            $crate::convert::IntArray1::I64(a) => {
+                let $v = a.as_array();
+                $body
+            }
+            $crate::convert::IntArray1::U32(a) => {
+                let $v = a.as_array();
+                $body
+            }
+        }
+    };
+}
+pub(crate) use with_int_view;
+
+fn readonly<'py, T: Element>(
+    a: &Bound<'py, PyUntypedArray>,
+    arg: &str,
+) -> PyResult<PyReadonlyArray1<'py, T>> {
+    let typed = a
+        .cast::<PyArray<T, ndarray::Ix1>>()
+        .map_err(|_| PyTypeError::new_err(format!("{arg}: unexpected dtype {}", dtype_str(a))))?;
+    typed
+        .try_readonly()
+        .map_err(|e| PyValueError::new_err(format!("{arg}: cannot be read: {e}")))
+}
+
+/// Extracts a 1-D int32/int64 (and uint32 when `allow_u32`) array of any strides.
+pub fn int_array1<'py>(
+    obj: &Bound<'py, PyAny>,
+    arg: &str,
+    allow_u32: bool,
+) -> PyResult<IntArray1<'py>> {
+    let a = as_ndarray(obj, arg)?;
+    check_ndim(&a, arg, 1)?;
+    let dt = a.dtype();
+    let native = dt.is_native_byteorder().unwrap_or(true);
+    let (kind, size) = (dt.kind(), dt.itemsize());
+    let accepted = if allow_u32 {
+        "int32, int64 or uint32"
+    } else {
+        "int32 or int64"
+    };
+    if !native {
+        return Err(PyTypeError::new_err(format!(
+            "{arg}: non-native byte order ({}) is not supported; use .astype('={}')",
+            dtype_str(&a),
+            dtype_str(&a)
+        )));
+    }
+    match (kind, size) {
+        (b'i', 4) => Ok(IntArray1::I32(readonly(&a, arg)?)),
+        (b'i', 8) => Ok(IntArray1::I64(readonly(&a, arg)?)),
+        (b'u', 4) if allow_u32 => Ok(IntArray1::U32(readonly(&a, arg)?)),
+        _ => Err(PyTypeError::new_err(format!(
+            "{arg}: expected an integer array of dtype {accepted}, got {}",
+            dtype_str(&a)
+        ))),
+    }
+}
+
+/// A prefix length for every request: a Python int, or an integer array `[B]`.
+pub enum Prefix {
+    All(i64),
+    PerTree(Vec<i64>),
+}
+
+impl Prefix {
+    pub fn extract(obj: &Bound<'_, PyAny>) -> PyResult<Prefix> {
+        if let Ok(p) = obj.extract::<i64>() {
+            return Ok(Prefix::All(p));
+        }
+        let arr = int_array1(obj, "prefix_lens", false)?;
+        Ok(Prefix::PerTree(
+            with_int_view!(arr, v => v.iter().map(|&x| x as i64).collect()),
+        ))
+    }
+
+    pub fn as_core(&self) -> PrefixLens<'_> {
+        match self {
+            Prefix::All(p) => PrefixLens::All(*p),
+            Prefix::PerTree(v) => PrefixLens::PerTree(v),
+        }
+    }
+}
+
+/// A read-only numpy view of data owned by the frozen Python object `owner`.
+pub fn readonly_view<'py, T: Element, D: Dimension>(
+    owner: &Bound<'py, PyAny>,
+    view: ArrayView<'_, T, D>,
+) -> Bound<'py, PyArray<T, D>> {
+    // SAFETY: `view` borrows from the Rust value inside `owner`, a frozen pyclass whose data is
+    // never mutated or moved after construction; the new array holds a reference to `owner`
+    // (its base), so the memory outlives the array. The array is made read-only below, so
+    // Python cannot write into Rust-owned memory.
+    let arr = unsafe { PyArray::borrow_from_array(&view, owner.clone()) };
+    set_readonly(arr.as_untyped());
+    arr
+}
+
+/// Clears numpy's WRITEABLE flag.
+pub fn set_readonly(a: &Bound<'_, PyUntypedArray>) {
+    // SAFETY: the pointer is a live PyArrayObject (we hold a reference); clearing a flag bit is
+    // how numpy itself makes an array read-only.
+    unsafe {
+        (*a.as_array_ptr()).fields.flags &= !NPY_ARRAY_WRITEABLE;
+    }
+}
+
+/// The array's data pointer.
+pub fn data_ptr(a: &Bound<'_, PyUntypedArray>) -> *mut u8 {
+    // SAFETY: reading a field of a live PyArrayObject.
+    unsafe { (*a.as_array_ptr()).fields.data as *mut u8 }
+}
+
+pub fn is_writeable(a: &Bound<'_, PyUntypedArray>) -> bool {
+    // SAFETY: reading the flags of a live PyArrayObject.
+    unsafe { (*a.as_array_ptr()).fields.flags & NPY_ARRAY_WRITEABLE != 0 }
+}
+
+/// The output array of a layout: the caller's `out` (checked: exact dtype and shape,
+/// C-contiguous, writeable) or a fresh zeroed array.
+pub fn output<'py, T: Element>(
+    py: Python<'py>,
+    out: Option<&Bound<'py, PyAny>>,
+    shape: &[usize],
+) -> PyResult<Bound<'py, PyArrayDyn<T>>> {
+    let Some(out) = out else {
+        return Ok(PyArrayDyn::<T>::zeros(py, shape, false));
+    };
+    let want = numpy::dtype::<T>(py);
+    let arr = out.cast::<PyUntypedArray>().map_err(|_| {
+        PyTypeError::new_err(format!(
+            "out: expected a numpy array, got {}",
+            type_name(out)
+        ))
+    })?;
+    if !arr.dtype().is_equiv_to(&want) {
+        return Err(PyTypeError::new_err(format!(
+            "out: expected dtype {want}, got {}",
+            arr.dtype()
+        )));
+    }
+    if arr.shape() != shape {
+        return Err(PyValueError::new_err(format!(
+            "out: expected shape {shape:?}, got {:?}",
+            arr.shape()
+        )));
+    }
+    if !arr.is_c_contiguous() {
+        return Err(PyValueError::new_err("out: must be C-contiguous"));
+    }
+    if !is_writeable(arr) {
+        return Err(PyValueError::new_err("out: is read-only"));
+    }
+    Ok(arr.cast::<PyArrayDyn<T>>()?.clone())
+}
+
+/// Mutable access to a fresh or checked output array.
+pub fn writer<'py, T: Element>(
+    arr: &Bound<'py, PyArrayDyn<T>>,
+) -> PyResult<PyReadwriteArrayDyn<'py, T>> {
+    arr.try_readwrite()
+        .map_err(|e| PyValueError::new_err(format!("out: cannot be written: {e}")))
+}
+
+/// An owned Vec as a numpy array without copying, reshaped to `shape`.
+pub fn owned<'py, T: Element>(
+    py: Python<'py>,
+    data: Vec<T>,
+    shape: &[usize],
+) -> PyResult<Bound<'py, PyArrayDyn<T>>> {
+    let arr = ndarray::ArrayD::from_shape_vec(shape, data)
+        .map_err(|e| PyValueError::new_err(format!("internal shape error: {e}")))?;
+    Ok(PyArray::from_owned_array(py, arr))
+}

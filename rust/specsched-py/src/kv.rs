@@ -1,0 +1,220 @@
+//! KV-cache plans, in-place compaction of CPU buffers, and paged slot commits.
+
+use numpy::{PyArrayDescrMethods, PyUntypedArray, PyUntypedArrayMethods};
+use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::PyTuple;
+
+use specsched_core::kv::{self, Move, StridedMut};
+use specsched_core::verify::{BatchVerified, Verified};
+
+use crate::convert::{
+    data_ptr, int_array1, is_writeable, owned, type_name, with_int_view, IntoPyResult, Prefix,
+};
+use crate::verify::{PyBatchVerifyResult, PyVerifyResult};
+
+/// A VerifyResult or a BatchVerifyResult argument.
+enum AnyResult<'py> {
+    One(Bound<'py, PyVerifyResult>),
+    Batch(Bound<'py, PyBatchVerifyResult>),
+}
+
+impl<'py> AnyResult<'py> {
+    fn extract(obj: &Bound<'py, PyAny>) -> PyResult<Self> {
+        if let Ok(r) = obj.cast::<PyVerifyResult>() {
+            return Ok(AnyResult::One(r.clone()));
+        }
+        if let Ok(r) = obj.cast::<PyBatchVerifyResult>() {
+            return Ok(AnyResult::Batch(r.clone()));
+        }
+        Err(PyTypeError::new_err(format!(
+            "result: expected a VerifyResult or a BatchVerifyResult, got {}",
+            type_name(obj)
+        )))
+    }
+}
+
+/// Per-request prefix lengths of a batch result (an int applies to every request).
+fn batch_prefixes(r: &BatchVerified, prefix_lens: &Bound<'_, PyAny>) -> PyResult<Vec<i64>> {
+    Ok(match Prefix::extract(prefix_lens)? {
+        Prefix::All(p) => vec![p; r.num_trees()],
+        Prefix::PerTree(v) => v,
+    })
+}
+
+fn single_prefix(prefix_lens: &Bound<'_, PyAny>) -> PyResult<i64> {
+    prefix_lens.extract::<i64>().map_err(|_| {
+        PyTypeError::new_err(format!(
+            "prefix_lens: expected an int for a single-tree result, got {}",
+            type_name(prefix_lens)
+        ))
+    })
+}
+
+/// Moves of a result: `(moves, per-request (prefix, num_nodes))`.
+fn plan(
+    result: &AnyResult<'_>,
+    prefix_lens: &Bound<'_, PyAny>,
+) -> PyResult<(Vec<Move>, Vec<(usize, usize)>)> {
+    match result {
+        AnyResult::One(r) => {
+            let v: &Verified = &r.get().inner;
+            let p = single_prefix(prefix_lens)?;
+            let moves = kv::compaction_plan(v, p).py()?;
+            Ok((moves, vec![(p as usize, v.num_nodes)]))
+        }
+        AnyResult::Batch(r) => {
+            let v: &BatchVerified = &r.get().inner;
+            let p = batch_prefixes(v, prefix_lens)?;
+            let moves = kv::batch_compaction_plan(v, &p).py()?;
+            let extents = (0..v.num_trees())
+                .map(|b| (p[b] as usize, v.offsets[b + 1] - v.offsets[b]))
+                .collect();
+            Ok((moves, extents))
+        }
+    }
+}
+
+/// `(src, dst)` int64 for a VerifyResult, `(req, src, dst)` for a batch.
+#[pyfunction]
+pub fn kv_compaction_plan<'py>(
+    py: Python<'py>,
+    result: &Bound<'py, PyAny>,
+    prefix_lens: &Bound<'py, PyAny>,
+) -> PyResult<Bound<'py, PyTuple>> {
+    let result = AnyResult::extract(result)?;
+    let (moves, _) = plan(&result, prefix_lens)?;
+    let n = moves.len();
+    let src = owned(py, moves.iter().map(|m| m.src as i64).collect(), &[n])?;
+    let dst = owned(py, moves.iter().map(|m| m.dst as i64).collect(), &[n])?;
+    match result {
+        AnyResult::One(_) => PyTuple::new(py, [src, dst]),
+        AnyResult::Batch(_) => {
+            let req = owned(py, moves.iter().map(|m| m.req as i64).collect(), &[n])?;
+            PyTuple::new(py, [req, src, dst])
+        }
+    }
+}
+
+fn normalize_dim(arg: &str, dim: isize, ndim: usize) -> PyResult<usize> {
+    let d = if dim < 0 { dim + ndim as isize } else { dim };
+    if d < 0 || d >= ndim as isize {
+        return Err(PyValueError::new_err(format!(
+            "{arg}: {dim} is out of range for a cache with {ndim} dimensions"
+        )));
+    }
+    Ok(d as usize)
+}
+
+/// Sequence and batch axes, normalised; a batch result defaults to batch axis 0.
+fn axes(
+    result: &AnyResult<'_>,
+    ndim: usize,
+    seq_dim: isize,
+    batch_dim: Option<isize>,
+) -> PyResult<(usize, Option<usize>)> {
+    let seq = normalize_dim("seq_dim", seq_dim, ndim)?;
+    let batch = match (result, batch_dim) {
+        (AnyResult::One(_), None) => None,
+        (AnyResult::One(_), Some(_)) => {
+            return Err(PyValueError::new_err(
+                "batch_dim: only applies to a BatchVerifyResult",
+            ))
+        }
+        (AnyResult::Batch(_), d) => Some(normalize_dim("batch_dim", d.unwrap_or(0), ndim)?),
+    };
+    Ok((seq, batch))
+}
+
+/// Applies the compaction plan in place on a numpy buffer of any dtype and strides.
+#[pyfunction]
+#[pyo3(signature = (cache, result, prefix_lens, seq_dim, batch_dim=None))]
+pub fn compact_kv(
+    py: Python<'_>,
+    cache: &Bound<'_, PyAny>,
+    result: &Bound<'_, PyAny>,
+    prefix_lens: &Bound<'_, PyAny>,
+    seq_dim: isize,
+    batch_dim: Option<isize>,
+) -> PyResult<()> {
+    let arr = cache.cast::<PyUntypedArray>().map_err(|_| {
+        PyTypeError::new_err(format!(
+            "cache: expected a numpy array, got {}",
+            type_name(cache)
+        ))
+    })?;
+    if !is_writeable(arr) {
+        return Err(PyValueError::new_err(
+            "cache: is read-only; compaction writes in place",
+        ));
+    }
+    let result = AnyResult::extract(result)?;
+    let (seq, batch) = axes(&result, arr.ndim(), seq_dim, batch_dim)?;
+    let (moves, extents) = plan(&result, prefix_lens)?;
+    let shape = arr.shape().to_vec();
+    kv::check_cache_shape(&shape, seq, batch, &extents).py()?;
+    let itemsize = arr.dtype().itemsize();
+    let strides = arr.strides().to_vec();
+    // SAFETY: the pointer, shape and byte strides come from a live, writeable numpy array that
+    // this call holds a reference to for its whole duration; numpy guarantees every in-shape
+    // index addresses its allocation. Like any in-place numpy operation, the caller must not
+    // use the cache from another thread meanwhile.
+    let mut buf = unsafe { StridedMut::new(data_ptr(arr), shape, strides, itemsize) }.py()?;
+    py.detach(|| buf.apply(seq, batch, &moves)).py()
+}
+
+/// The moves of `compact_kv` for a cache of `cache_shape` held elsewhere (a CUDA tensor),
+/// checked exactly as `compact_kv` checks a host buffer: `(req, src, dst, seq_dim, batch_dim)`
+/// with normalised axes (`batch_dim` is -1 for a single-tree result).
+#[pyfunction]
+#[pyo3(signature = (cache_shape, result, prefix_lens, seq_dim, batch_dim=None))]
+pub fn cache_moves<'py>(
+    py: Python<'py>,
+    cache_shape: Vec<usize>,
+    result: &Bound<'py, PyAny>,
+    prefix_lens: &Bound<'py, PyAny>,
+    seq_dim: isize,
+    batch_dim: Option<isize>,
+) -> PyResult<Bound<'py, PyTuple>> {
+    let result = AnyResult::extract(result)?;
+    let (seq, batch) = axes(&result, cache_shape.len(), seq_dim, batch_dim)?;
+    let (moves, extents) = plan(&result, prefix_lens)?;
+    kv::check_cache_shape(&cache_shape, seq, batch, &extents).py()?;
+    let n = moves.len();
+    let req = owned(py, moves.iter().map(|m| m.req as i64).collect(), &[n])?;
+    let src = owned(py, moves.iter().map(|m| m.src as i64).collect(), &[n])?;
+    let dst = owned(py, moves.iter().map(|m| m.dst as i64).collect(), &[n])?;
+    let batch = batch.map_or(-1, |b| b as isize);
+    (req, src, dst, seq, batch).into_pyobject(py)
+}
+
+/// Paged caches: `(kept, freed)` slot ids.
+#[pyfunction]
+pub fn commit_slots<'py>(
+    py: Python<'py>,
+    slots: &Bound<'py, PyAny>,
+    result: &Bound<'py, PyAny>,
+) -> PyResult<Bound<'py, PyTuple>> {
+    let result = AnyResult::extract(result)?;
+    let arr = int_array1(slots, "slots", false)?;
+    match result {
+        AnyResult::One(r) => {
+            let (kept, freed) =
+                with_int_view!(arr, v => kv::commit_slots(v, &r.get().inner)).py()?;
+            let (k, f) = (kept.len(), freed.len());
+            PyTuple::new(py, [owned(py, kept, &[k])?, owned(py, freed, &[f])?])
+        }
+        AnyResult::Batch(r) => {
+            let inner = &r.get().inner;
+            let (kept, freed) = with_int_view!(arr, v => kv::batch_commit_slots(v, inner)).py()?;
+            let f = freed.len();
+            PyTuple::new(
+                py,
+                [
+                    owned(py, kept, &[inner.num_trees(), inner.width])?,
+                    owned(py, freed, &[f])?,
+                ],
+            )
+        }
+    }
+}

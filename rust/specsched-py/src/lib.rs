@@ -1,0 +1,27 @@
+//! `specsched._core`: the Python bindings of specsched-core. Boring on purpose: extract and
+//! check arrays, release the GIL, call one core function, map its error.
+
+use pyo3::prelude::*;
+
+mod convert;
+mod kv;
+mod tree;
+mod verify;
+
+#[pymodule]
+fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<tree::PyTree>()?;
+    m.add_class::<tree::PyTreeBatch>()?;
+    m.add_class::<verify::PyVerifyResult>()?;
+    m.add_class::<verify::PyBatchVerifyResult>()?;
+    m.add_function(wrap_pyfunction!(verify::verify_target_tokens, m)?)?;
+    m.add_function(wrap_pyfunction!(verify::verify_greedy, m)?)?;
+    m.add_function(wrap_pyfunction!(kv::kv_compaction_plan, m)?)?;
+    m.add_function(wrap_pyfunction!(kv::compact_kv, m)?)?;
+    m.add_function(wrap_pyfunction!(kv::cache_moves, m)?)?;
+    m.add_function(wrap_pyfunction!(kv::commit_slots, m)?)?;
+    m.add("MAX_NODES", specsched_core::tree::MAX_NODES)?;
+    m.add("MAX_BATCH_NODES", specsched_core::tree::MAX_BATCH_NODES)?;
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    Ok(())
+}

@@ -1,0 +1,346 @@
+//! `verify_*` entry points and the result classes. Results keep the core's vectors and expose
+//! them as read-only numpy views (no copy).
+
+use half::{bf16, f16};
+use ndarray::{ArrayView1, ArrayView2};
+use numpy::{
+    PyArray1, PyArray2, PyArrayDescrMethods, PyArrayMethods, PyReadonlyArray2,
+    PyUntypedArrayMethods,
+};
+use pyo3::exceptions::{PyIndexError, PyTypeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::PyTuple;
+
+use specsched_core::select::LogitsView;
+use specsched_core::verify::{self, BatchVerified, Verified};
+use specsched_core::{Tree, TreeBatch};
+
+use crate::convert::{
+    as_ndarray, check_ndim, int_array1, owned, readonly_view, type_name, with_int_view,
+    IntoPyResult,
+};
+use crate::tree::{PyTree, PyTreeBatch};
+
+/// Accepted path of one tree: `accepted_nodes` (root first) and the emitted `tokens`.
+#[pyclass(frozen, module = "specsched", name = "VerifyResult")]
+pub struct PyVerifyResult {
+    pub inner: Verified,
+}
+
+#[pymethods]
+impl PyVerifyResult {
+    /// int32 `[k+1]`: 0, a1, ..., ak.
+    #[getter]
+    fn accepted_nodes<'py>(slf: &Bound<'py, Self>) -> Bound<'py, PyArray1<i32>> {
+        readonly_view(
+            slf.as_any(),
+            ArrayView1::from(&slf.get().inner.accepted_nodes),
+        )
+    }
+
+    /// int64 `[k+1]`: accepted draft tokens, then the bonus token.
+    #[getter]
+    fn tokens<'py>(slf: &Bound<'py, Self>) -> Bound<'py, PyArray1<i64>> {
+        readonly_view(slf.as_any(), ArrayView1::from(&slf.get().inner.tokens))
+    }
+
+    #[getter]
+    fn num_accepted(&self) -> usize {
+        self.inner.num_accepted()
+    }
+
+    #[getter]
+    fn bonus_token(&self) -> i64 {
+        *self.inner.tokens.last().unwrap_or(&-1)
+    }
+
+    /// Node count of the verified tree.
+    #[getter]
+    fn num_nodes(&self) -> usize {
+        self.inner.num_nodes
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "VerifyResult(num_accepted={}, accepted_nodes={:?}, tokens={:?})",
+            self.inner.num_accepted(),
+            self.inner.accepted_nodes,
+            self.inner.tokens
+        )
+    }
+}
+
+/// Accepted paths of a batch, `[B, D+1]` arrays padded with -1 (accepted nodes tree-local).
+#[pyclass(frozen, module = "specsched", name = "BatchVerifyResult")]
+pub struct PyBatchVerifyResult {
+    pub inner: BatchVerified,
+}
+
+impl PyBatchVerifyResult {
+    fn rows<'a, T>(&self, data: &'a [T]) -> ArrayView2<'a, T> {
+        // The shape always matches: the core allocates B * width entries.
+        ArrayView2::from_shape((self.inner.num_trees(), self.inner.width), data)
+            .expect("BatchVerified rows are B x width")
+    }
+}
+
+#[pymethods]
+impl PyBatchVerifyResult {
+    #[getter]
+    fn num_accepted<'py>(slf: &Bound<'py, Self>) -> Bound<'py, PyArray1<i32>> {
+        readonly_view(
+            slf.as_any(),
+            ArrayView1::from(&slf.get().inner.num_accepted),
+        )
+    }
+
+    #[getter]
+    fn accepted_nodes<'py>(slf: &Bound<'py, Self>) -> Bound<'py, PyArray2<i32>> {
+        let me = slf.get();
+        readonly_view(slf.as_any(), me.rows(&me.inner.accepted_nodes))
+    }
+
+    #[getter]
+    fn tokens<'py>(slf: &Bound<'py, Self>) -> Bound<'py, PyArray2<i64>> {
+        let me = slf.get();
+        readonly_view(slf.as_any(), me.rows(&me.inner.tokens))
+    }
+
+    /// int64 `[B+1]` offsets of the verified batch.
+    #[getter]
+    fn offsets<'py>(&self, py: Python<'py>) -> Bound<'py, PyArray1<i64>> {
+        PyArray1::from_iter(py, self.inner.offsets.iter().map(|&o| o as i64))
+    }
+
+    fn __len__(&self) -> usize {
+        self.inner.num_trees()
+    }
+
+    fn __getitem__(&self, index: isize) -> PyResult<PyVerifyResult> {
+        let b = self.inner.num_trees() as isize;
+        let i = if index < 0 { index + b } else { index };
+        if i < 0 || i >= b {
+            return Err(PyIndexError::new_err(format!(
+                "index: {index} is out of range for a batch of {b} results"
+            )));
+        }
+        Ok(PyVerifyResult {
+            inner: self.inner.get(i as usize),
+        })
+    }
+
+    /// SGLang `verify_tree_greedy` outputs: `(predicts int32 [T], accept_index int32 [B, D+1],
+    /// accept_length int32 [B])`.
+    fn to_sglang<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
+        let (pred, idx, len) = verify::sglang_outputs(&self.inner).py()?;
+        let t = pred.len();
+        let shape = [self.inner.num_trees(), self.inner.width];
+        PyTuple::new(
+            py,
+            [
+                owned(py, pred, &[t])?,
+                owned(py, idx, &shape)?,
+                owned(py, len, &[self.inner.num_trees()])?,
+            ],
+        )
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "BatchVerifyResult(num_trees={}, num_accepted={:?})",
+            self.inner.num_trees(),
+            self.inner.num_accepted
+        )
+    }
+}
+
+/// A Tree or a TreeBatch argument.
+pub enum AnyTree<'py> {
+    One(Bound<'py, PyTree>),
+    Batch(Bound<'py, PyTreeBatch>),
+}
+
+impl<'py> AnyTree<'py> {
+    pub fn extract(obj: &Bound<'py, PyAny>) -> PyResult<Self> {
+        if let Ok(t) = obj.cast::<PyTree>() {
+            return Ok(AnyTree::One(t.clone()));
+        }
+        if let Ok(b) = obj.cast::<PyTreeBatch>() {
+            return Ok(AnyTree::Batch(b.clone()));
+        }
+        Err(PyTypeError::new_err(format!(
+            "tree: expected a Tree or a TreeBatch, got {}",
+            type_name(obj)
+        )))
+    }
+
+    fn num_nodes(&self) -> usize {
+        match self {
+            AnyTree::One(t) => t.get().inner.num_nodes(),
+            AnyTree::Batch(b) => b.get().inner.num_nodes(),
+        }
+    }
+}
+
+/// Verifies with a per-node choice `choose(global node)`, single tree or batch.
+fn run<'py, F>(
+    py: Python<'py>,
+    tree: &AnyTree<'py>,
+    choose: F,
+    row_cost: usize,
+) -> PyResult<Py<PyAny>>
+where
+    F: Fn(usize) -> specsched_core::Result<i64> + Sync + Send,
+{
+    match tree {
+        AnyTree::One(t) => {
+            let tree: &Tree = &t.get().inner;
+            let inner = py
+                .detach(|| verify::verify_tree(tree.view(), &choose))
+                .py()?;
+            Ok(Py::new(py, PyVerifyResult { inner })?.into_any())
+        }
+        AnyTree::Batch(b) => {
+            let batch: &TreeBatch = &b.get().inner;
+            let inner = py
+                .detach(|| verify::verify_batch(batch, &choose, row_cost))
+                .py()?;
+            Ok(Py::new(py, PyBatchVerifyResult { inner })?.into_any())
+        }
+    }
+}
+
+/// The walk alone, given the target's choice per node (`[N]` or `[T]`); `nan_rows` (bool)
+/// marks nodes whose target output held a NaN, an error if the walk reaches one.
+#[pyfunction]
+#[pyo3(signature = (tree, target_tokens, nan_rows=None))]
+pub fn verify_target_tokens(
+    py: Python<'_>,
+    tree: &Bound<'_, PyAny>,
+    target_tokens: &Bound<'_, PyAny>,
+    nan_rows: Option<&Bound<'_, PyAny>>,
+) -> PyResult<Py<PyAny>> {
+    let tree = AnyTree::extract(tree)?;
+    let arr = int_array1(target_tokens, "target_tokens", true)?;
+    let invalid = match nan_rows {
+        None => None,
+        Some(obj) => {
+            let a = as_ndarray(obj, "nan_rows")?;
+            check_ndim(&a, "nan_rows", 1)?;
+            let typed = a.cast::<PyArray1<bool>>().map_err(|_| {
+                PyTypeError::new_err(format!(
+                    "nan_rows: expected a bool array, got {}",
+                    a.dtype()
+                ))
+            })?;
+            Some(
+                typed
+                    .try_readonly()
+                    .map_err(|e| PyValueError::new_err(format!("nan_rows: {e}")))?,
+            )
+        }
+    };
+    let invalid_view = invalid.as_ref().map(|a| a.as_array());
+    with_int_view!(arr, v => {
+        let choose = verify::choice_from_tokens(v, invalid_view.clone(), tree.num_nodes()).py()?;
+        run(py, &tree, choose, 1)
+    })
+}
+
+/// Read-only 2-D logits in one of the supported float formats.
+enum Logits<'py> {
+    F32(PyReadonlyArray2<'py, f32>),
+    F64(PyReadonlyArray2<'py, f64>),
+    F16(PyReadonlyArray2<'py, f16>),
+    /// bfloat16 given as its 16-bit patterns (torch's `view(torch.int16)`).
+    BF16Bits(PyReadonlyArray2<'py, i16>),
+}
+
+impl Logits<'_> {
+    fn view(&self) -> LogitsView<'_> {
+        match self {
+            Logits::F32(a) => LogitsView::F32(a.as_array()),
+            Logits::F64(a) => LogitsView::F64(a.as_array()),
+            Logits::F16(a) => LogitsView::F16(a.as_array()),
+            Logits::BF16Bits(a) => {
+                let bits: ArrayView2<'_, i16> = a.as_array();
+                // SAFETY: bf16 is a transparent 16-bit type with the size and alignment of i16,
+                // and every bit pattern is a valid bf16; the view keeps the borrow's lifetime.
+                LogitsView::BF16(unsafe { bits.raw_view().cast::<bf16>().deref_into_view() })
+            }
+        }
+    }
+}
+
+fn extract_logits<'py>(
+    obj: &Bound<'py, PyAny>,
+    logits_dtype: Option<&str>,
+) -> PyResult<Logits<'py>> {
+    let a = as_ndarray(obj, "logits")?;
+    check_ndim(&a, "logits", 2)?;
+    let dt = a.dtype();
+    if !dt.is_native_byteorder().unwrap_or(true) {
+        return Err(PyTypeError::new_err(
+            "logits: non-native byte order is not supported",
+        ));
+    }
+    let err = |what: &str| PyValueError::new_err(format!("logits: cannot be read ({what})"));
+    let (kind, size) = (dt.kind(), dt.itemsize());
+    match (logits_dtype, kind, size) {
+        (Some("bfloat16"), b'i' | b'u', 2) => {
+            let view = a.cast::<numpy::PyArray2<i16>>().ok().cloned().or_else(|| {
+                // uint16 bit patterns: reinterpret through numpy's own view (no copy).
+                a.call_method1("view", ("int16",))
+                    .ok()?
+                    .cast_into::<numpy::PyArray2<i16>>()
+                    .ok()
+            });
+            let view = view.ok_or_else(|| err("bfloat16 bits must be int16 or uint16"))?;
+            Ok(Logits::BF16Bits(
+                view.try_readonly().map_err(|e| err(&e.to_string()))?,
+            ))
+        }
+        (Some(other), _, _) if other != "bfloat16" => Err(PyValueError::new_err(format!(
+            "logits_dtype: expected None or 'bfloat16', got {other:?}"
+        ))),
+        (Some(_), _, _) => Err(PyTypeError::new_err(format!(
+            "logits: bfloat16 logits must be passed as int16/uint16 bit patterns, got {}",
+            dt
+        ))),
+        (None, b'f', 4) => Ok(Logits::F32(
+            a.cast::<PyArray2<f32>>()?
+                .try_readonly()
+                .map_err(|e| err(&e.to_string()))?,
+        )),
+        (None, b'f', 8) => Ok(Logits::F64(
+            a.cast::<PyArray2<f64>>()?
+                .try_readonly()
+                .map_err(|e| err(&e.to_string()))?,
+        )),
+        (None, b'f', 2) => Ok(Logits::F16(
+            a.cast::<PyArray2<f16>>()?
+                .try_readonly()
+                .map_err(|e| err(&e.to_string()))?,
+        )),
+        _ => Err(PyTypeError::new_err(format!(
+            "logits: expected float16, float32 or float64 (or torch bfloat16), got {dt}"
+        ))),
+    }
+}
+
+/// Greedy verification from CPU logits `[N, V]` / `[T, V]`: only the visited rows are reduced.
+#[pyfunction]
+#[pyo3(signature = (tree, logits, logits_dtype=None))]
+pub fn verify_greedy(
+    py: Python<'_>,
+    tree: &Bound<'_, PyAny>,
+    logits: &Bound<'_, PyAny>,
+    logits_dtype: Option<&str>,
+) -> PyResult<Py<PyAny>> {
+    let tree = AnyTree::extract(tree)?;
+    let logits = extract_logits(logits, logits_dtype)?;
+    let view = logits.view();
+    view.check(tree.num_nodes()).py()?;
+    let vocab = view.shape().1;
+    run(py, &tree, |g| view.argmax(g), vocab)
+}
