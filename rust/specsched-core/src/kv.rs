@@ -187,7 +187,7 @@ impl StridedMut {
                     "has overlapping memory (a broadcast or self-overlapping view); pass a buffer that owns its elements",
                 ));
             }
-            span = stride * (n - 1) + span;
+            span += stride * (n - 1);
         }
         Ok(())
     }

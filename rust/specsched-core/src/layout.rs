@@ -436,7 +436,7 @@ mod tests {
     #[test]
     fn packed_mask_crosses_word_boundaries() {
         let tokens: Vec<i64> = (0..70).collect();
-        let t = crate::topology::chain(&tokens).unwrap();
+        let t = crate::topology::chain(ArrayView1::from(&tokens)).unwrap();
         let mut words = vec![0u32; 70 * 3];
         fill_packed_mask(t.view(), 3, &mut words).unwrap();
         assert_eq!(&words[69 * 3..], &[u32::MAX, u32::MAX, 0b111111]);

@@ -13,7 +13,7 @@ use crate::error::{Error, Result};
 use crate::tree::{IndexLike, Tree, MAX_NODES};
 
 /// A chain: node `i`'s parent is `i - 1`; `tokens[0]` is the root.
-pub fn chain(tokens: &[i64]) -> Result<Tree> {
+pub fn chain<I: IndexLike>(tokens: ArrayView1<'_, I>) -> Result<Tree> {
     if tokens.is_empty() {
         return Err(Error::value(
             "tokens",
@@ -30,7 +30,7 @@ pub fn chain(tokens: &[i64]) -> Result<Tree> {
         ));
     }
     let parents: Vec<i32> = (0..tokens.len() as i32).map(|i| i - 1).collect();
-    Tree::new(&parents, tokens)
+    Tree::from_views(ArrayView1::from(&parents), tokens)
 }
 
 fn fmt_choice(c: &[i64]) -> String {
@@ -182,9 +182,9 @@ mod tests {
 
     #[test]
     fn chain_links_each_node_to_the_previous() {
-        let t = chain(&[5, 6, 7]).unwrap();
+        let t = chain(ArrayView1::from(&[5i64, 6, 7])).unwrap();
         assert_eq!(t.parents(), &[-1, 0, 1]);
         assert_eq!(t.max_depth(), 2);
-        assert!(chain(&[]).is_err());
+        assert!(chain(ArrayView1::<i64>::from(&[])).is_err());
     }
 }

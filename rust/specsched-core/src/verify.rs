@@ -112,6 +112,9 @@ impl BatchVerified {
     }
 }
 
+/// One request's output row: accepted nodes, emitted tokens, accepted count.
+type RowMut<'a> = ((&'a mut [i32], &'a mut [i64]), &'a mut i32);
+
 /// Below this much work (visited rows × row cost, summed over the batch) a batch is walked on
 /// the calling thread: handing work to the pool costs a few microseconds.
 const PARALLEL_MIN_WORK: usize = 1 << 16;
@@ -132,7 +135,7 @@ where
         offsets: batch.offsets().to_vec(),
     };
     let offsets = batch.offsets();
-    let one = |(i, ((acc, tok), num)): (usize, ((&mut [i32], &mut [i64]), &mut i32))| {
+    let one = |(i, ((acc, tok), num)): (usize, RowMut<'_>)| {
         let base = offsets[i];
         let k = walk(batch.tree(i), |v| choose(base + v), acc, tok)?;
         *num = k as i32;

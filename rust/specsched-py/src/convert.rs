@@ -11,7 +11,7 @@ use pyo3::exceptions::{PyIndexError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 
 use specsched_core::layout::PrefixLens;
-use specsched_core::Error;
+use specsched_core::{Error, IndexLike};
 
 /// Maps a core error to the Python exception of the same meaning.
 pub fn to_pyerr(e: Error) -> PyErr {
@@ -159,7 +159,7 @@ impl Prefix {
         }
         let arr = int_array1(obj, "prefix_lens", false)?;
         Ok(Prefix::PerTree(
-            with_int_view!(arr, v => v.iter().map(|&x| x as i64).collect()),
+            with_int_view!(arr, v => v.iter().map(|&x| x.to_i64()).collect()),
         ))
     }
 

@@ -51,11 +51,11 @@ fn single_prefix(prefix_lens: &Bound<'_, PyAny>) -> PyResult<i64> {
     })
 }
 
-/// Moves of a result: `(moves, per-request (prefix, num_nodes))`.
-fn plan(
-    result: &AnyResult<'_>,
-    prefix_lens: &Bound<'_, PyAny>,
-) -> PyResult<(Vec<Move>, Vec<(usize, usize)>)> {
+/// Per request `(prefix, num_nodes)`: what a cache must hold.
+type Extents = Vec<(usize, usize)>;
+
+/// Moves of a result and the extents of its requests.
+fn plan(result: &AnyResult<'_>, prefix_lens: &Bound<'_, PyAny>) -> PyResult<(Vec<Move>, Extents)> {
     match result {
         AnyResult::One(r) => {
             let v: &Verified = &r.get().inner;

@@ -138,9 +138,8 @@ impl PyTree {
     #[staticmethod]
     fn chain(tokens: &Bound<'_, PyAny>) -> PyResult<Self> {
         let t = int_array1(tokens, "tokens", true)?;
-        let toks: Vec<i64> = with_int_view!(t, v => v.iter().map(|&x| x as i64).collect());
         Ok(PyTree {
-            inner: topology::chain(&toks).py()?,
+            inner: with_int_view!(t, v => topology::chain(v)).py()?,
         })
     }
 

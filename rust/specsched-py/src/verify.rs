@@ -242,7 +242,7 @@ pub fn verify_target_tokens(
     };
     let invalid_view = invalid.as_ref().map(|a| a.as_array());
     with_int_view!(arr, v => {
-        let choose = verify::choice_from_tokens(v, invalid_view.clone(), tree.num_nodes()).py()?;
+        let choose = verify::choice_from_tokens(v, invalid_view, tree.num_nodes()).py()?;
         run(py, &tree, choose, 1)
     })
 }
