@@ -42,9 +42,7 @@ def compact_kv(
     prefix_lens = _torch.host_array(prefix_lens)
     if _torch.is_tensor(cache):
         if cache.device.type != "cpu":
-            moves = _core.cache_moves(
-                list(cache.shape), result, prefix_lens, seq_dim, batch_dim
-            )
+            moves = _core.cache_moves(list(cache.shape), result, prefix_lens, seq_dim, batch_dim)
             _torch.compact_on_device(cache, moves)
             return
         cache = _torch.raw_cpu_view(cache)

@@ -88,9 +88,7 @@ def device_argmax(logits: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
     return out[0], out[1].astype(bool)
 
 
-def compact_on_device(
-    cache: torch.Tensor, moves: tuple[Any, Any, Any, int, int]
-) -> None:
+def compact_on_device(cache: torch.Tensor, moves: tuple[Any, Any, Any, int, int]) -> None:
     """Applies checked moves `(req, src, dst, seq_dim, batch_dim)` to a device tensor in place.
 
     The gather on the right-hand side is materialised before the write, so moves that chain

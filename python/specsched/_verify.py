@@ -46,9 +46,7 @@ def verify(
             )
         if on_device or reduce == "device":
             if not isinstance(tree, (Tree, TreeBatch)):
-                raise TypeError(
-                    f"tree: expected a Tree or a TreeBatch, got {type(tree).__name__}"
-                )
+                raise TypeError(f"tree: expected a Tree or a TreeBatch, got {type(tree).__name__}")
             _torch.check_logits(logits, tree.num_nodes)
             choice, nan_rows = _torch.device_argmax(logits)
             return _core.verify_target_tokens(tree, choice, nan_rows)

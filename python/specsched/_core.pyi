@@ -1,0 +1,233 @@
+"""Typed stubs of the Rust extension `specsched._core` (the API users see in their editor)."""
+
+from typing import Any, final
+
+import numpy as np
+import numpy.typing as npt
+
+__all__ = [
+    "MAX_BATCH_NODES",
+    "MAX_NODES",
+    "BatchVerifyResult",
+    "Tree",
+    "TreeBatch",
+    "VerifyResult",
+    "__version__",
+    "cache_moves",
+    "commit_slots",
+    "compact_kv",
+    "kv_compaction_plan",
+    "verify_greedy",
+    "verify_target_tokens",
+]
+
+__version__: str
+MAX_NODES: int
+MAX_BATCH_NODES: int
+
+@final
+class Tree:
+    """A draft tree: node 0 is the root (the last committed token), `parents[i] < i`."""
+
+    def __new__(cls, parents: npt.ArrayLike, tokens: npt.ArrayLike) -> Tree:
+        """Validates int32/int64 `parents [N]` and int32/int64/uint32 `tokens [N]`."""
+    @staticmethod
+    def chain(tokens: npt.ArrayLike) -> Tree:
+        """Root plus a linear draft: `tokens[0]` is the root."""
+    @staticmethod
+    def from_choices(choices: Any, tokens: npt.ArrayLike | None = None) -> Tree:
+        """A tree from Medusa/EAGLE/vLLM/TensorRT-LLM choice paths, nodes sorted by (len, path)."""
+    @property
+    def num_nodes(self) -> int:
+        """Number of nodes N, root included."""
+    @property
+    def max_depth(self) -> int:
+        """Depth of the deepest node (the root has depth 0)."""
+    @property
+    def num_leaves(self) -> int:
+        """Number of nodes without children."""
+    @property
+    def parents(self) -> npt.NDArray[np.int32]:
+        """Parent of each node, -1 for the root (read-only view)."""
+    @property
+    def tokens(self) -> npt.NDArray[np.int64]:
+        """Token of each node (read-only view)."""
+    @property
+    def depths(self) -> npt.NDArray[np.int32]:
+        """Depth of each node (read-only view)."""
+    def __len__(self) -> int: ...
+    def __eq__(self, other: object, /) -> bool: ...
+    def attention_mask(
+        self, prefix_len: int = 0, *, out: npt.NDArray[np.bool_] | None = None
+    ) -> npt.NDArray[np.bool_]:
+        """bool `[N, prefix_len + N]`: True where row i may attend (prefix, ancestors, itself)."""
+    def attention_bias(
+        self,
+        prefix_len: int = 0,
+        dtype: npt.DTypeLike | None = None,
+        *,
+        out: npt.NDArray[np.floating[Any]] | None = None,
+    ) -> npt.NDArray[np.floating[Any]]:
+        """0 / -inf `[N, prefix_len + N]` in float16, float32 (default) or float64."""
+    def packed_mask(self, *, out: npt.NDArray[np.uint32] | None = None) -> npt.NDArray[np.uint32]:
+        """uint32 `[N, ceil(N/32)]`: bit j of row i set iff j is i or an ancestor of i."""
+    def positions(
+        self, prefix_len: int = 0, *, out: npt.NDArray[np.int64] | None = None
+    ) -> npt.NDArray[np.int64]:
+        """int64 `[N]`: prefix_len + depth."""
+    def paths(self) -> npt.NDArray[np.int32]:
+        """int32 `[num_leaves, max_depth + 1]` root-to-leaf paths, -1 padded."""
+    def sglang_links(self) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+        """SGLang `(retrive_next_token, retrive_next_sibling)`, -1 = none."""
+
+@final
+class TreeBatch:
+    """B trees stored flat and ragged with CSR offsets; parents are tree-local."""
+
+    def __new__(cls, trees: Any) -> TreeBatch:
+        """Concatenates a non-empty sequence of Tree."""
+    @classmethod
+    def from_flat(
+        cls, parents: npt.ArrayLike, tokens: npt.ArrayLike, offsets: npt.ArrayLike
+    ) -> TreeBatch:
+        """Validates flat tree-local parents, tokens and offsets `[B+1]`."""
+    @property
+    def num_trees(self) -> int:
+        """Number of trees B."""
+    @property
+    def num_nodes(self) -> int:
+        """Total node count T."""
+    @property
+    def max_depth(self) -> int:
+        """Deepest tree's depth."""
+    @property
+    def max_nodes(self) -> int:
+        """Largest tree's node count."""
+    @property
+    def offsets(self) -> npt.NDArray[np.int64]:
+        """int64 `[B+1]` CSR offsets."""
+    @property
+    def parents(self) -> npt.NDArray[np.int32]:
+        """Tree-local parents `[T]` (read-only view)."""
+    @property
+    def tokens(self) -> npt.NDArray[np.int64]:
+        """Tokens `[T]` (read-only view)."""
+    @property
+    def depths(self) -> npt.NDArray[np.int32]:
+        """Depths `[T]` (read-only view)."""
+    def __len__(self) -> int: ...
+    def __getitem__(self, index: int, /) -> Tree: ...
+    def __eq__(self, other: object, /) -> bool: ...
+    def positions(
+        self, prefix_lens: npt.ArrayLike | None = None, *, out: npt.NDArray[np.int64] | None = None
+    ) -> npt.NDArray[np.int64]:
+        """int64 `[T]`: prefix_b + depth."""
+    def attention_mask(
+        self, prefix_lens: npt.ArrayLike | None = None, *, out: npt.NDArray[np.bool_] | None = None
+    ) -> npt.NDArray[np.bool_]:
+        """FlashInfer ragged custom mask: each request's `[N_b, prefix_b + N_b]` mask, flat."""
+    def mask_indptr(self, prefix_lens: npt.ArrayLike | None = None) -> npt.NDArray[np.int64]:
+        """int64 `[B+1]`: offsets of each request's segment in the ragged mask."""
+    def attention_bias(
+        self,
+        prefix_lens: npt.ArrayLike | None = None,
+        dtype: npt.DTypeLike | None = None,
+        *,
+        out: npt.NDArray[np.floating[Any]] | None = None,
+    ) -> npt.NDArray[np.floating[Any]]:
+        """The ragged mask as 0 / -inf."""
+    def packed_attention_mask(
+        self, prefix_lens: npt.ArrayLike | None = None
+    ) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.int64]]:
+        """FlashInfer `segment_packbits(mask, indptr, bitorder="little")`: (bytes, byte indptr)."""
+    def qlen_mask(self, *, out: npt.NDArray[np.bool_] | None = None) -> npt.NDArray[np.bool_]:
+        """SGLang QLEN_ONLY bool `[B, N, N]` (all trees the same size)."""
+    def padded_mask(self, *, out: npt.NDArray[np.bool_] | None = None) -> npt.NDArray[np.bool_]:
+        """bool `[B, Nmax, Nmax]`, False outside each tree."""
+    def packed_mask(self, *, out: npt.NDArray[np.uint32] | None = None) -> npt.NDArray[np.uint32]:
+        """uint32 `[T, ceil(Nmax/32)]`: each node's ancestor bits within its tree."""
+    def paths(self) -> npt.NDArray[np.int32]:
+        """int32 `[B, Lmax, Dmax + 1]` root-to-leaf paths, tree-local, -1 padded."""
+    def sglang_links(self) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+        """SGLang next-token / next-sibling links `[T]`, tree-local."""
+
+@final
+class VerifyResult:
+    """The accepted path of one tree."""
+
+    @property
+    def accepted_nodes(self) -> npt.NDArray[np.int32]:
+        """int32 `[k+1]`: 0, a1, ..., ak."""
+    @property
+    def tokens(self) -> npt.NDArray[np.int64]:
+        """int64 `[k+1]`: accepted draft tokens, then the bonus token."""
+    @property
+    def num_accepted(self) -> int:
+        """k, draft tokens accepted (bonus excluded)."""
+    @property
+    def bonus_token(self) -> int:
+        """The target's token after the last accepted node."""
+    @property
+    def num_nodes(self) -> int:
+        """Node count of the verified tree."""
+
+@final
+class BatchVerifyResult:
+    """Accepted paths of a batch, `[B, D+1]` arrays padded with -1."""
+
+    @property
+    def num_accepted(self) -> npt.NDArray[np.int32]:
+        """int32 `[B]`."""
+    @property
+    def accepted_nodes(self) -> npt.NDArray[np.int32]:
+        """int32 `[B, D+1]`, tree-local, -1 padded."""
+    @property
+    def tokens(self) -> npt.NDArray[np.int64]:
+        """int64 `[B, D+1]`, -1 padded."""
+    @property
+    def offsets(self) -> npt.NDArray[np.int64]:
+        """int64 `[B+1]` offsets of the verified batch."""
+    def __len__(self) -> int: ...
+    def __getitem__(self, index: int, /) -> VerifyResult: ...
+    def to_sglang(
+        self,
+    ) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.int32], npt.NDArray[np.int32]]:
+        """SGLang `verify_tree_greedy` outputs: (predicts, accept_index, accept_length)."""
+
+def verify_target_tokens(
+    tree: Tree | TreeBatch, target_tokens: npt.ArrayLike, nan_rows: npt.ArrayLike | None = None
+) -> VerifyResult | BatchVerifyResult:
+    """The walk alone, given the target's choice per node."""
+
+def verify_greedy(
+    tree: Tree | TreeBatch, logits: npt.ArrayLike, logits_dtype: str | None = None
+) -> VerifyResult | BatchVerifyResult:
+    """Greedy verification from host logits; only the visited rows are reduced."""
+
+def kv_compaction_plan(
+    result: VerifyResult | BatchVerifyResult, prefix_lens: npt.ArrayLike
+) -> tuple[npt.NDArray[np.int64], ...]:
+    """`(src, dst)` for a VerifyResult, `(req, src, dst)` for a batch."""
+
+def compact_kv(
+    cache: npt.NDArray[Any],
+    result: VerifyResult | BatchVerifyResult,
+    prefix_lens: npt.ArrayLike,
+    seq_dim: int,
+    batch_dim: int | None = None,
+) -> None:
+    """Applies the compaction plan in place on a host buffer."""
+
+def cache_moves(
+    cache_shape: list[int],
+    result: VerifyResult | BatchVerifyResult,
+    prefix_lens: npt.ArrayLike,
+    seq_dim: int,
+    batch_dim: int | None = None,
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64], int, int]:
+    """Checked moves `(req, src, dst, seq_dim, batch_dim)` for a cache held elsewhere."""
+
+def commit_slots(
+    slots: npt.ArrayLike, result: VerifyResult | BatchVerifyResult
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    """Paged caches: (kept, freed) slot ids."""
