@@ -25,6 +25,25 @@ fn check_len(arg: &'static str, got: usize, want: usize) -> Result<()> {
     Ok(())
 }
 
+/// Largest output accepted, in elements: anything larger cannot be allocated anyway, and
+/// refusing it up front turns an absurd `prefix_len` into a clear error instead of an
+/// overflow.
+pub const MAX_OUTPUT_ELEMENTS: usize = 1 << 40;
+
+/// `rows * cols`, refused (naming `arg`) when it overflows or exceeds [`MAX_OUTPUT_ELEMENTS`].
+pub fn output_len(arg: &'static str, rows: usize, cols: usize) -> Result<usize> {
+    rows.checked_mul(cols)
+        .filter(|&n| n <= MAX_OUTPUT_ELEMENTS)
+        .ok_or_else(|| {
+            Error::value(
+                arg,
+                format!(
+                    "the output would have {rows} x {cols} elements, more than can be allocated"
+                ),
+            )
+        })
+}
+
 /// Number of 32-bit words per packed-mask row for `n` nodes.
 #[inline]
 pub fn packed_words(n: usize) -> usize {
@@ -93,9 +112,18 @@ pub fn fill_packed_mask(tree: TreeRef<'_>, words_per_row: usize, out: &mut [u32]
     Ok(())
 }
 
-/// `prefix + depth` per node.
+/// `prefix + depth` per node; refused if a position would not fit in int64.
 pub fn fill_positions(tree: TreeRef<'_>, prefix: i64, out: &mut [i64]) -> Result<()> {
     check_len("out", out.len(), tree.num_nodes())?;
+    if prefix < 0 || prefix.checked_add(tree.max_depth as i64).is_none() {
+        return Err(Error::value(
+            "prefix_len",
+            format!(
+                "{prefix} + tree depth {} is not a valid int64 position",
+                tree.max_depth
+            ),
+        ));
+    }
     for (o, &d) in out.iter_mut().zip(tree.depths) {
         *o = prefix + d as i64;
     }
@@ -237,12 +265,34 @@ fn cumulative(sizes: impl Iterator<Item = usize>) -> Vec<usize> {
     indptr
 }
 
+/// Cumulative segment sizes, each and their sum checked against [`MAX_OUTPUT_ELEMENTS`].
+fn checked_cumulative(
+    arg: &'static str,
+    sizes: impl Iterator<Item = Result<usize>>,
+) -> Result<Vec<usize>> {
+    let mut indptr = vec![0usize];
+    let mut acc = 0usize;
+    for s in sizes {
+        acc = acc
+            .checked_add(s?)
+            .filter(|&n| n <= MAX_OUTPUT_ELEMENTS)
+            .ok_or_else(|| {
+                Error::value(arg, "the batched output would be too large to allocate")
+            })?;
+        indptr.push(acc);
+    }
+    Ok(indptr)
+}
+
 /// FlashInfer ragged custom-mask offsets: cumulative `N_b * (prefix_b + N_b)`.
-pub fn ragged_mask_indptr(batch: &TreeBatch, prefix: &[usize]) -> Vec<usize> {
-    cumulative((0..batch.num_trees()).map(|b| {
-        let n = batch.tree_size(b);
-        n * (prefix[b] + n)
-    }))
+pub fn ragged_mask_indptr(batch: &TreeBatch, prefix: &[usize]) -> Result<Vec<usize>> {
+    checked_cumulative(
+        "prefix_lens",
+        (0..batch.num_trees()).map(|b| {
+            let n = batch.tree_size(b);
+            output_len("prefix_lens", n, prefix[b] + n)
+        }),
+    )
 }
 
 /// FlashInfer's ragged custom mask (or bias): request by request, the `[N_b, prefix_b + N_b]`
@@ -254,7 +304,7 @@ pub fn fill_ragged_mask<T: Copy + Send + Sync>(
     no: T,
     out: &mut [T],
 ) -> Result<()> {
-    let indptr = ragged_mask_indptr(batch, prefix);
+    let indptr = ragged_mask_indptr(batch, prefix)?;
     for_each_tree(batch, out, &indptr, |t, b, seg| {
         fill_ancestor_rows(t, prefix[b], prefix[b] + t.num_nodes(), yes, no, seg)
     })
@@ -262,11 +312,14 @@ pub fn fill_ragged_mask<T: Copy + Send + Sync>(
 
 /// Byte offsets of `segment_packbits(mask, indptr, bitorder="little")`: each request's segment
 /// is packed on its own into `ceil(len / 8)` bytes.
-pub fn packed_ragged_indptr(batch: &TreeBatch, prefix: &[usize]) -> Vec<usize> {
-    cumulative((0..batch.num_trees()).map(|b| {
-        let n = batch.tree_size(b);
-        (n * (prefix[b] + n)).div_ceil(8)
-    }))
+pub fn packed_ragged_indptr(batch: &TreeBatch, prefix: &[usize]) -> Result<Vec<usize>> {
+    checked_cumulative(
+        "prefix_lens",
+        (0..batch.num_trees()).map(|b| {
+            let n = batch.tree_size(b);
+            Ok(output_len("prefix_lens", n, prefix[b] + n)?.div_ceil(8))
+        }),
+    )
 }
 
 /// Little-endian bit writer over a zeroed byte segment.
@@ -302,7 +355,7 @@ impl BitWriter<'_> {
 
 /// The bit-packed ragged mask (FlashInfer `packed_custom_mask`).
 pub fn fill_packed_ragged_mask(batch: &TreeBatch, prefix: &[usize], out: &mut [u8]) -> Result<()> {
-    let indptr = packed_ragged_indptr(batch, prefix);
+    let indptr = packed_ragged_indptr(batch, prefix)?;
     for_each_tree(batch, out, &indptr, |t, b, seg| {
         seg.fill(0);
         let n = t.num_nodes();
@@ -359,7 +412,9 @@ pub fn fill_batch_packed_mask(batch: &TreeBatch, out: &mut [u32]) -> Result<()> 
 /// Positions `prefix_b + depth` for every node, `[T]`.
 pub fn fill_batch_positions(batch: &TreeBatch, prefix: &[usize], out: &mut [i64]) -> Result<()> {
     for_each_tree(batch, out, batch.offsets(), |t, b, seg| {
-        fill_positions(t, prefix[b] as i64, seg)
+        let p = i64::try_from(prefix[b])
+            .map_err(|_| Error::value("prefix_len", format!("prefix_lens[{b}] is too large")))?;
+        fill_positions(t, p, seg)
     })
 }
 
@@ -453,11 +508,11 @@ mod tests {
         )
         .unwrap();
         let prefix = PrefixLens::PerTree(&[1, 3]).resolve(2).unwrap();
-        let indptr = ragged_mask_indptr(&b, &prefix);
+        let indptr = ragged_mask_indptr(&b, &prefix).unwrap();
         assert_eq!(indptr, [0, 6, 24]);
         let mut mask = vec![false; 24];
         fill_ragged_mask(&b, &prefix, true, false, &mut mask).unwrap();
-        let packed_ptr = packed_ragged_indptr(&b, &prefix);
+        let packed_ptr = packed_ragged_indptr(&b, &prefix).unwrap();
         assert_eq!(packed_ptr, [0, 1, 4]);
         let mut packed = vec![0u8; 4];
         fill_packed_ragged_mask(&b, &prefix, &mut packed).unwrap();
@@ -476,6 +531,10 @@ mod tests {
         );
         assert!(fill_qlen_mask(&b, &mut [false; 18]).is_err());
         assert!(PrefixLens::All(-1).resolve(2).is_err());
+        let huge = PrefixLens::All(i64::MAX - 1).resolve(2).unwrap();
+        assert!(ragged_mask_indptr(&b, &huge).is_err());
+        assert!(packed_ragged_indptr(&b, &huge).is_err());
+        assert!(fill_positions(b.tree(0), i64::MAX, &mut [0; 2]).is_err());
         assert!(PrefixLens::PerTree(&[1]).resolve(2).is_err());
     }
 }

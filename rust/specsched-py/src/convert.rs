@@ -3,6 +3,7 @@
 
 use ndarray::{ArrayView, Dimension};
 use numpy::npyffi::flags::NPY_ARRAY_WRITEABLE;
+use numpy::npyffi::{npy_intp, PY_ARRAY_API};
 use numpy::{
     Element, PyArray, PyArrayDescrMethods, PyArrayDyn, PyArrayMethods, PyReadonlyArray1,
     PyReadwriteArrayDyn, PyUntypedArray, PyUntypedArrayMethods,
@@ -39,6 +40,12 @@ pub fn as_ndarray<'py>(obj: &Bound<'py, PyAny>, arg: &str) -> PyResult<Bound<'py
         return Ok(a.clone());
     }
     let np = numpy::get_array_module(obj.py())?;
+    // An empty list has no element type; numpy would call it float64 and the user would get a
+    // dtype error for what is really an empty input.
+    if obj.len().ok() == Some(0) && !obj.hasattr("dtype")? {
+        let empty = np.call_method1("asarray", (obj, "int64"))?;
+        return Ok(empty.cast_into::<PyUntypedArray>()?);
+    }
     let converted = np.call_method1("asarray", (obj,)).map_err(|e| {
         PyTypeError::new_err(format!(
             "{arg}: expected an array, got {}: {e}",
@@ -130,8 +137,8 @@ pub fn int_array1<'py>(
     };
     if !native {
         return Err(PyTypeError::new_err(format!(
-            "{arg}: non-native byte order ({}) is not supported; use .astype('={}')",
-            dtype_str(&a),
+            "{arg}: non-native byte order ({}) is not supported; convert with \
+             arr.astype(arr.dtype.newbyteorder('='))",
             dtype_str(&a)
         )));
     }
@@ -156,6 +163,12 @@ impl Prefix {
     pub fn extract(obj: &Bound<'_, PyAny>) -> PyResult<Prefix> {
         if let Ok(p) = obj.extract::<i64>() {
             return Ok(Prefix::All(p));
+        }
+        if as_ndarray(obj, "prefix_lens")?.ndim() == 0 {
+            return Err(PyTypeError::new_err(format!(
+                "prefix_lens: expected an int or a 1-D int array, got {}",
+                type_name(obj)
+            )));
         }
         let arr = int_array1(obj, "prefix_lens", false)?;
         Ok(Prefix::PerTree(
@@ -213,7 +226,7 @@ pub fn output<'py, T: Element>(
     shape: &[usize],
 ) -> PyResult<Bound<'py, PyArrayDyn<T>>> {
     let Some(out) = out else {
-        return Ok(PyArrayDyn::<T>::zeros(py, shape, false));
+        return zeros(py, shape);
     };
     let want = numpy::dtype::<T>(py);
     let arr = out.cast::<PyUntypedArray>().map_err(|_| {
@@ -241,6 +254,34 @@ pub fn output<'py, T: Element>(
         return Err(PyValueError::new_err("out: is read-only"));
     }
     Ok(arr.cast::<PyArrayDyn<T>>()?.clone())
+}
+
+/// A fresh zeroed C-ordered array; an allocation numpy refuses is its `MemoryError`, not a
+/// panic (numpy's `zeros` wrapper would unwrap the null pointer).
+pub fn zeros<'py, T: Element>(
+    py: Python<'py>,
+    shape: &[usize],
+) -> PyResult<Bound<'py, PyArrayDyn<T>>> {
+    let mut dims: Vec<npy_intp> = Vec::with_capacity(shape.len());
+    for &d in shape {
+        dims.push(
+            npy_intp::try_from(d).map_err(|_| {
+                PyValueError::new_err(format!("output shape {shape:?} is too large"))
+            })?,
+        );
+    }
+    // SAFETY: PyArray_Zeros reads `dims.len()` dimensions from a live buffer and steals the
+    // dtype reference we hand it; a null result means a Python error is set.
+    unsafe {
+        let ptr = PY_ARRAY_API.PyArray_Zeros(
+            py,
+            dims.len() as std::os::raw::c_int,
+            dims.as_mut_ptr(),
+            T::get_dtype(py).into_dtype_ptr(),
+            0,
+        );
+        Ok(Bound::from_owned_ptr_or_err(py, ptr)?.cast_into_unchecked())
+    }
 }
 
 /// Mutable access to a fresh or checked output array.

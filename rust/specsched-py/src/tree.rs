@@ -12,7 +12,8 @@ use specsched_core::layout::{self, packed_words};
 use specsched_core::{topology, Tree, TreeBatch, TreeRef};
 
 use crate::convert::{
-    int_array1, output, readonly_view, type_name, with_int_view, writer, IntoPyResult, Prefix,
+    int_array1, output, readonly_view, type_name, with_int_view, writer, zeros, IntoPyResult,
+    Prefix,
 };
 
 /// A draft tree: node 0 is the root (the last committed token), `parents[i] < i`.
@@ -69,6 +70,7 @@ fn dense<'py, T: numpy::Element + Copy + Send>(
     out: Option<&Bound<'py, PyAny>>,
 ) -> PyResult<Bound<'py, PyArrayDyn<T>>> {
     let n = tree.num_nodes();
+    layout::output_len("prefix_len", n, prefix + n).py()?;
     let arr = output::<T>(py, out, &[n, prefix + n])?;
     {
         let mut w = writer(&arr)?;
@@ -108,7 +110,7 @@ fn bias<'py>(
 
 fn paths_array<'py>(py: Python<'py>, tree: TreeRef<'_>) -> PyResult<Bound<'py, PyArrayDyn<i32>>> {
     let width = tree.max_depth as usize + 1;
-    let arr = PyArrayDyn::<i32>::zeros(py, &[tree.num_leaves, width][..], false);
+    let arr = zeros::<i32>(py, &[tree.num_leaves, width])?;
     {
         let mut w = writer(&arr)?;
         let buf = w.as_slice_mut()?;
@@ -159,9 +161,9 @@ impl PyTree {
         })?;
         for (j, c) in iter.enumerate() {
             let c = c?;
-            let path = c.extract::<Vec<i64>>().map_err(|_| {
+            let path = c.extract::<Vec<i64>>().map_err(|e| {
                 PyTypeError::new_err(format!(
-                    "choices[{j}]: expected a tuple of ints, got {}",
+                    "choices[{j}]: expected a tuple of ints, got {} ({e})",
                     type_name(&c)
                 ))
             })?;
@@ -286,7 +288,8 @@ impl PyTree {
         {
             let mut w = writer(&arr)?;
             let buf = w.as_slice_mut()?;
-            layout::fill_positions(t, prefix_len, buf).py()?;
+            py.detach(|| layout::fill_positions(t, prefix_len, buf))
+                .py()?;
         }
         Ok(arr)
     }
@@ -298,13 +301,11 @@ impl PyTree {
     fn sglang_links<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
         let t = self.inner.view();
         let n = t.num_nodes();
-        let (nt, ns) = (
-            PyArrayDyn::<i64>::zeros(py, &[n][..], false),
-            PyArrayDyn::<i64>::zeros(py, &[n][..], false),
-        );
+        let (nt, ns) = (zeros::<i64>(py, &[n])?, zeros::<i64>(py, &[n])?);
         {
             let (mut a, mut b) = (writer(&nt)?, writer(&ns)?);
-            layout::fill_sglang_links(t, a.as_slice_mut()?, b.as_slice_mut()?).py()?;
+            let (a, b) = (a.as_slice_mut()?, b.as_slice_mut()?);
+            py.detach(|| layout::fill_sglang_links(t, a, b)).py()?;
         }
         PyTuple::new(py, [nt, ns])
     }
@@ -326,9 +327,8 @@ impl PyTreeBatch {
         no: T,
         out: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyArrayDyn<T>>> {
-        let total = *layout::ragged_mask_indptr(&self.inner, prefix)
-            .last()
-            .unwrap_or(&0);
+        let indptr = layout::ragged_mask_indptr(&self.inner, prefix).py()?;
+        let total = *indptr.last().unwrap_or(&0);
         let arr = output::<T>(py, out, &[total])?;
         {
             let mut w = writer(&arr)?;
@@ -498,7 +498,7 @@ impl PyTreeBatch {
         let prefix = self.prefix_or_zero(prefix_lens)?;
         Ok(usize_array(
             py,
-            &layout::ragged_mask_indptr(&self.inner, &prefix),
+            &layout::ragged_mask_indptr(&self.inner, &prefix).py()?,
         ))
     }
 
@@ -535,8 +535,8 @@ impl PyTreeBatch {
         prefix_lens: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyTuple>> {
         let prefix = self.prefix_or_zero(prefix_lens)?;
-        let indptr = layout::packed_ragged_indptr(&self.inner, &prefix);
-        let arr = PyArrayDyn::<u8>::zeros(py, &[*indptr.last().unwrap_or(&0)][..], false);
+        let indptr = layout::packed_ragged_indptr(&self.inner, &prefix).py()?;
+        let arr = zeros::<u8>(py, &[*indptr.last().unwrap_or(&0)])?;
         {
             let mut w = writer(&arr)?;
             let buf = w.as_slice_mut()?;
@@ -609,7 +609,7 @@ impl PyTreeBatch {
             layout::max_leaves(b),
             b.max_depth() as usize + 1,
         ];
-        let arr = PyArrayDyn::<i32>::zeros(py, &shape[..], false);
+        let arr = zeros::<i32>(py, &shape)?;
         {
             let mut w = writer(&arr)?;
             let buf = w.as_slice_mut()?;
@@ -620,13 +620,12 @@ impl PyTreeBatch {
 
     fn sglang_links<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
         let n = self.inner.num_nodes();
-        let (nt, ns) = (
-            PyArrayDyn::<i64>::zeros(py, &[n][..], false),
-            PyArrayDyn::<i64>::zeros(py, &[n][..], false),
-        );
+        let (nt, ns) = (zeros::<i64>(py, &[n])?, zeros::<i64>(py, &[n])?);
         {
             let (mut a, mut b) = (writer(&nt)?, writer(&ns)?);
-            layout::fill_batch_sglang_links(&self.inner, a.as_slice_mut()?, b.as_slice_mut()?)
+            let (a, b) = (a.as_slice_mut()?, b.as_slice_mut()?);
+            let batch = &self.inner;
+            py.detach(|| layout::fill_batch_sglang_links(batch, a, b))
                 .py()?;
         }
         PyTuple::new(py, [nt, ns])
