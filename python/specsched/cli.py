@@ -51,8 +51,9 @@ def _cases(quick: bool) -> list[tuple[str, str, Callable[[], Any], Callable[[], 
         parents, tokens, offsets = random_batch(b, n, vocab=32000)
         plist, tlist, olist = parents.tolist(), tokens.tolist(), offsets.tolist()
         prefix = [1000] * b
+        prefix_array = np.asarray(prefix)
 
-        def rust_layout(p=parents, t=tokens, o=offsets, pre=np.asarray(prefix)) -> None:
+        def rust_layout(p=parents, t=tokens, o=offsets, pre=prefix_array) -> None:
             batch = ss.TreeBatch.from_flat(p, t, o)
             batch.padded_mask()
             batch.positions(pre)
