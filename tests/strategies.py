@@ -6,6 +6,8 @@ chains / wide stars), so every valid shape is reachable, including single-node t
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 from hypothesis import strategies as st
 
@@ -69,3 +71,7 @@ def as_array(values: list[int], dtype: type, strided: bool) -> np.ndarray:
 def index_arrays():
     """`(dtype, strided)` choices for index and token inputs."""
     return st.tuples(st.sampled_from(INDEX_DTYPES), st.booleans())
+
+
+# shared/ (read-only project data) sits beside the repository checkout.
+PUBLISHED_TREES = Path(__file__).resolve().parents[2] / "shared" / "data" / "published_trees.json"

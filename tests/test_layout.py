@@ -10,7 +10,6 @@ import threading
 import time
 import tracemalloc
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -19,9 +18,9 @@ import specsched as ss
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from specsched import reference as ref
-from strategies import INDEX_DTYPES, as_array, batches, parent_lists, trees
+from strategies import INDEX_DTYPES, PUBLISHED_TREES, as_array, batches, parent_lists, trees
 
-PUBLISHED = Path("/work/shared/data/published_trees.json")
+PUBLISHED = PUBLISHED_TREES
 FLOAT_DTYPES = (np.float16, np.float32, np.float64)
 
 

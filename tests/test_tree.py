@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import random
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -15,9 +14,17 @@ import specsched as ss
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from specsched import reference as ref
-from strategies import INDEX_DTYPES, TOKEN_DTYPES, as_array, batches, parent_lists, trees
+from strategies import (
+    INDEX_DTYPES,
+    PUBLISHED_TREES,
+    TOKEN_DTYPES,
+    as_array,
+    batches,
+    parent_lists,
+    trees,
+)
 
-PUBLISHED = Path("/work/shared/data/published_trees.json")
+PUBLISHED = PUBLISHED_TREES
 
 
 def _published() -> list[tuple[str, list[list[int]]]]:
