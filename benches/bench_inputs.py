@@ -1,12 +1,13 @@
 """Input builders shared by the benchmarks: EAGLE-like random trees, batches, target choices.
 
-A plain module the bench files import (not a conftest: conftest files are not for importing).
-Every builder takes a seed and is called outside the timed code. Trees look like the dynamic
-trees EAGLE-2 drafts: each node's parent is uniform among the earlier nodes that are still
-shallower than the tree's depth cap (5..10), so trees are bushy near the root and 5-10 deep at
-64-128 nodes. Sibling tokens are distinct (a draft proposes each token once per parent), which
-makes the accepted path unique: the walk and the "longest matching root-to-leaf path"
-formulation of the peers then give the same answer.
+A plain module the bench files import (conftest files are not meant for importing), like
+tests/strategies.py. Every builder takes a seed and is called outside the timed code.
+
+Trees look like the dynamic trees EAGLE-2 drafts: each node's parent is uniform among the
+earlier nodes still shallower than the tree's depth cap (5..10), so trees are bushy near the
+root and 5-10 deep at 64-128 nodes. Sibling tokens are distinct (a draft proposes each token
+once per parent), which makes the accepted path unique: the walk and the peers' "longest
+matching root-to-leaf path" then give the same answer.
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-
 import specsched as ss
 
 VOCAB = 32000

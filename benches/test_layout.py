@@ -14,9 +14,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from bench_inputs import make_batch, run, uniform_batch
-
 import specsched as ss
+from bench_inputs import make_batch, run, uniform_batch
 from specsched import reference as ref
 
 SIZES = [(b, n) for b in (1, 32, 256) for n in (8, 64, 128)]
@@ -124,7 +123,7 @@ def layout_contender(name: str, batch) -> tuple[object, int | None]:
                 ref.batch_paths(parents, offsets),
             )
 
-        # ~0.1-0.5 s per call from B*N = 32*128 up: a few single-call rounds suffice.
+        # 20 ms to 0.4 s per call from B*N = 32*128 up: three single-call rounds suffice.
         return reference, (3 if len(parents) >= 32 * 128 else None)
     padded, sizes, prefix = batch.padded_parents, batch.sizes, batch.prefix_lens
     return (lambda: numpy_layout(padded, sizes, prefix)), None

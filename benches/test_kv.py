@@ -1,0 +1,133 @@
+"""KV compaction after verification: move the accepted nodes' entries to `prefix + 0..k`.
+
+Two caches, float16, sequence axis 2: one tree `[layers=32, heads=8, seq=4096, dim=128]`
+(a 64-node tree accepting nodes 0, 3, 9, 20, 41 at prefix 2000: 4 moves of 32 x 8 rows), and a
+batch `[B=8, heads=8, seq=4096, dim=128]` (8 EAGLE-like trees of 64 nodes, batch_dim=0).
+Contenders:
+- `rust`: `ss.compact_kv(cache, result, prefix_lens, seq_dim)`;
+- `reference`: `reference.kv_compaction_plan` + `reference.compact_kv` (one slice copy a move);
+- `numpy_peer`: the plan from `accepted_nodes` in numpy, then one fancy-index gather/scatter
+  `cache[..., dst, :] = cache[..., src, :]`;
+- `memcpy`: `np.copyto` between two preallocated contiguous buffers of the moved byte count,
+  the floor for moving those bytes.
+Compaction is not idempotent, but re-running a plan moves the same bytes between the same
+places, so every round times the same work. Correctness is checked on small caches with the
+same plans (`test_contenders_agree`).
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+from collections.abc import Callable
+
+import numpy as np
+import pytest
+import specsched as ss
+from bench_inputs import eagle_parents, make_batch, run
+from specsched import reference as ref
+
+SEQ_DIM = 2
+SEQ = 4096
+TREE_PATH = [0, 3, 9, 20, 41]
+TREE_PREFIX = 2000
+TREE_NODES = 64
+CONTENDERS = ["rust", "reference", "numpy_peer", "memcpy"]
+
+
+def tree_result() -> ss.VerifyResult:
+    """A 64-node EAGLE-like tree whose walk accepts exactly TREE_PATH."""
+    rng = np.random.default_rng(41)
+    parents = eagle_parents(TREE_NODES, rng)
+    for parent, child in itertools.pairwise(TREE_PATH):
+        parents[child] = parent
+    tokens = rng.choice(32000, size=TREE_NODES + 1, replace=False)  # distinct; last is spare
+    choices = rng.integers(32000, size=TREE_NODES)
+    for parent, child in itertools.pairwise(TREE_PATH):
+        choices[parent] = tokens[child]
+    choices[TREE_PATH[-1]] = tokens[-1]  # no node has it: the walk stops there
+    result = ss.verify(ss.Tree(parents, tokens[:-1]), target_tokens=choices)
+    assert result.accepted_nodes.tolist() == TREE_PATH
+    return result
+
+
+@functools.cache
+def case(kind: str, small: bool = False):
+    """`(cache, result, prefix_lens, batch_dim)`; `small` shrinks the non-sequence axes."""
+    if kind == "tree":
+        result, prefix, batch_dim = tree_result(), TREE_PREFIX, None
+        shape = (2, 3, SEQ, 4) if small else (32, 8, SEQ, 128)
+    else:
+        batch = make_batch([TREE_NODES] * 8, seed=8)
+        result = ss.verify(batch.tree_batch(), target_tokens=batch.choices)
+        prefix, batch_dim = batch.prefix_lens, 0
+        shape = (8, 3, SEQ, 4) if small else (8, 8, SEQ, 128)
+    rng = np.random.default_rng(0)
+    if small:
+        cache = rng.standard_normal(shape).astype(np.float16)
+    else:
+        cache = np.empty(shape, dtype=np.float16)
+        cache.fill(1.0)  # touch every page before timing
+    return cache, result, prefix, batch_dim
+
+
+def numpy_compact(cache: np.ndarray, result, prefix) -> None:
+    """Plan from `accepted_nodes`, then one gather and one scatter along the sequence axis."""
+    acc = result.accepted_nodes
+    pos = np.arange(acc.shape[-1])
+    moved = (acc >= 0) & (acc != pos)
+    if acc.ndim == 1:
+        src, dst = prefix + acc[moved], prefix + pos[moved]
+        cache[:, :, dst] = cache[:, :, src]
+    else:
+        req, j = np.nonzero(moved)
+        base = prefix[req]
+        cache[req, :, base + j] = cache[req, :, base + acc[req, j]]
+
+
+def reference_compact(cache: np.ndarray, result, prefix, batch_dim) -> None:
+    if batch_dim is None:
+        moves = ref.kv_compaction_plan(result.accepted_nodes.tolist(), prefix)
+    else:
+        moves = ref.batch_kv_compaction_plan(result.accepted_nodes.tolist(), prefix.tolist())
+    ref.compact_kv(cache, moves, SEQ_DIM, batch_dim)
+
+
+def contender_fn(name: str, cache: np.ndarray, result, prefix, batch_dim) -> Callable[[], None]:
+    if name == "rust":
+        kw = {} if batch_dim is None else {"batch_dim": batch_dim}
+        return lambda: ss.compact_kv(cache, result, prefix, SEQ_DIM, **kw)
+    if name == "reference":
+        return lambda: reference_compact(cache, result, prefix, batch_dim)
+    if name == "numpy_peer":
+        return lambda: numpy_compact(cache, result, prefix)
+    per_position = cache.nbytes // cache.shape[SEQ_DIM]  # one position, all other indices
+    if batch_dim is not None:
+        per_position //= cache.shape[batch_dim]  # a move touches one request's row
+    moved_bytes = len(ss.kv_compaction_plan(result, prefix)[-1]) * per_position
+    src = np.ones(moved_bytes, dtype=np.uint8)
+    dst = np.empty_like(src)
+    return lambda: np.copyto(dst, src)
+
+
+@pytest.mark.parametrize("contender", CONTENDERS)
+@pytest.mark.parametrize("kind", ["tree", "batch"])
+def test_compact_kv(benchmark, kind, contender):
+    cache, result, prefix, batch_dim = case(kind)
+    moves = len(ss.kv_compaction_plan(result, prefix)[-1])
+    shape = "x".join(map(str, cache.shape))
+    benchmark.group = f"compact_kv {kind} [{shape}] f16, {moves} moves"
+    run(benchmark, contender_fn(contender, cache, result, prefix, batch_dim))
+
+
+@pytest.mark.parametrize("kind", ["tree", "batch"])
+def test_contenders_agree(kind):
+    """Every moving contender leaves the same cache as the reference (same plan, small axes)."""
+    cache, result, prefix, batch_dim = case(kind, small=True)
+    expected = cache.copy()
+    reference_compact(expected, result, prefix, batch_dim)
+    assert not np.array_equal(expected, cache)  # the plan moves something
+    for name in ("rust", "numpy_peer"):
+        got = cache.copy()
+        contender_fn(name, got, result, prefix, batch_dim)()
+        np.testing.assert_array_equal(got, expected, err_msg=name)
