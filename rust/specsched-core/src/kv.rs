@@ -9,6 +9,8 @@
 //! contiguous run of the remaining axes with one `memcpy`. The paged form ([`commit_slots`])
 //! moves nothing: it splits slot ids into kept (path order) and freed.
 
+use rayon::prelude::*;
+
 use crate::error::{Error, Result};
 use crate::tree::IndexLike;
 use crate::verify::{BatchVerified, Verified};
@@ -122,6 +124,37 @@ pub fn check_cache_shape(
         }
     }
     Ok(())
+}
+
+/// Compactions moving fewer bytes run on the calling thread.
+const PARALLEL_MIN_BYTES: usize = 1 << 20;
+
+/// Byte offset of outer block `o` (row-major over `rest`, the axes other than seq and batch).
+#[inline]
+fn outer_offset(rest: &[(usize, isize)], mut o: usize) -> isize {
+    let mut off = 0isize;
+    for &(n, stride) in rest.iter().rev() {
+        off += (o % n) as isize * stride;
+        o /= n;
+    }
+    off
+}
+
+/// The buffer pointer, shared by the threads of one compaction.
+#[derive(Clone, Copy)]
+struct SharedPtr(*mut u8);
+
+// SAFETY: threads of one `apply` call write disjoint outer blocks (distinct indices of a
+// layout checked to be non-overlapping), so sharing the base pointer races on nothing.
+unsafe impl Send for SharedPtr {}
+unsafe impl Sync for SharedPtr {}
+
+impl SharedPtr {
+    // A method (not field access) so closures capture the whole Sync wrapper.
+    #[inline]
+    fn get(self) -> *mut u8 {
+        self.0
+    }
 }
 
 /// A writable strided buffer of any element type, described by raw parts.
@@ -258,36 +291,47 @@ impl StridedMut {
             }
         }
         let outer: usize = rest.iter().map(|&(n, _)| n).product();
-        let mut index = vec![0usize; rest.len()];
-        for m in moves {
-            let base = m.req as isize * batch_dim.map_or(0, |d| self.strides[d]);
-            let src = base + m.src as isize * self.strides[seq_dim];
-            let dst = base + m.dst as isize * self.strides[seq_dim];
-            index.fill(0);
-            let mut off = 0isize;
-            for _ in 0..outer {
-                // SAFETY: every index is within `shape` (moves checked above, odometer bounded
-                // by `rest`), so both ranges lie inside the buffer `new` was promised; src and
-                // dst differ in the sequence index of a non-overlapping layout, so the
-                // `chunk`-byte ranges are disjoint.
-                unsafe {
-                    std::ptr::copy_nonoverlapping(
-                        self.ptr.offset(src + off),
-                        self.ptr.offset(dst + off),
-                        chunk,
-                    );
-                }
-                // Odometer over the outer axes, innermost first.
-                for d in (0..rest.len()).rev() {
-                    index[d] += 1;
-                    off += rest[d].1;
-                    if index[d] < rest[d].0 {
-                        break;
+        // Byte offsets of every move's source and destination within one outer block.
+        let pairs: Vec<(isize, isize)> = moves
+            .iter()
+            .map(|m| {
+                let base = m.req as isize * batch_dim.map_or(0, |d| self.strides[d]);
+                (
+                    base + m.src as isize * self.strides[seq_dim],
+                    base + m.dst as isize * self.strides[seq_dim],
+                )
+            })
+            .collect();
+        // Block-major: all moves of one (layer, head, ...) block back to back, so its pages are
+        // hot; the moves keep their order inside a block, which is all the plan's safety needs.
+        let ptr = SharedPtr(self.ptr);
+        let run = |blocks: std::ops::Range<usize>| {
+            for o in blocks {
+                let off = outer_offset(&rest, o);
+                for &(src, dst) in &pairs {
+                    // SAFETY: every index is within `shape` (moves checked above, `o < outer`),
+                    // so both ranges lie inside the buffer `new` was promised; src and dst
+                    // differ in the sequence index of a non-overlapping layout, so the
+                    // `chunk`-byte ranges are disjoint.
+                    unsafe {
+                        std::ptr::copy_nonoverlapping(
+                            ptr.get().offset(src + off),
+                            ptr.get().offset(dst + off),
+                            chunk,
+                        );
                     }
-                    off -= rest[d].1 * rest[d].0 as isize;
-                    index[d] = 0;
                 }
             }
+        };
+        let bytes = outer * pairs.len() * chunk;
+        if outer > 1 && bytes >= PARALLEL_MIN_BYTES {
+            let pieces = (rayon::current_num_threads() * 4).min(outer);
+            let per = outer.div_ceil(pieces);
+            (0..pieces)
+                .into_par_iter()
+                .for_each(|i| run(i * per..((i + 1) * per).min(outer)));
+        } else {
+            run(0..outer);
         }
         Ok(())
     }

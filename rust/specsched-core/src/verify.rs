@@ -115,9 +115,12 @@ impl BatchVerified {
 /// One request's output row: accepted nodes, emitted tokens, accepted count.
 type RowMut<'a> = ((&'a mut [i32], &'a mut [i64]), &'a mut i32);
 
-/// Below this much work (visited rows × row cost, summed over the batch) a batch is walked on
-/// the calling thread: handing work to the pool costs a few microseconds.
-const PARALLEL_MIN_WORK: usize = 1 << 16;
+/// Below this much work (batch × path width × row cost, an upper bound on what the walk reads)
+/// a batch is walked on the calling thread. Measured on 2 cores (`/tmp` sweep noted in the
+/// closing note of the verification issue): a walk over target tokens costs ~50 ns per tree,
+/// so the pool's hand-off (10-20 µs) never paid below B = 4096; argmax rows of V = 32000 cost
+/// ~5 µs each, and the pool only wins once several million logits are to be read.
+const PARALLEL_MIN_WORK: usize = 1 << 22;
 
 /// Verifies every tree of `batch`. `choose(g)` takes a *global* (flat) node index; `row_cost`
 /// estimates the cost of one choice (1 for a lookup, `V` for an argmax over a row).
