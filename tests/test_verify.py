@@ -317,7 +317,7 @@ def test_verify_logits_matches_reference(tree, seed, dtype, kind, vocab):
     st.integers(0, 2**32 - 1),
     st.sampled_from(LOGIT_DTYPES),
     st.sampled_from(LAYOUTS),
-    st.sampled_from([VOCAB, 2100]),  # 2100 columns: large batches take the parallel path
+    st.sampled_from([VOCAB, 2100]),  # rows of several 1024-wide blocks
 )
 def test_batch_verify_logits_matches_reference(batch, seed, dtype, kind, vocab):
     parents, tokens, offsets = batch
@@ -330,6 +330,48 @@ def test_batch_verify_logits_matches_reference(batch, seed, dtype, kind, vocab):
     )
     rb = ss.verify(ss.TreeBatch.from_flat(parents, tokens, offsets), layout(x, kind))
     check_batch(rb, *ref_batch_logits(parents, tokens, offsets, x))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_large_batch_from_logits_matches_reference(dtype, seed):
+    """A batch big enough (B x depth x V in the millions) for the multi-threaded walk: results,
+    laziness and the NaN row all as for small batches."""
+    rnd = random.Random(seed)
+    rng = np.random.default_rng(seed)
+    vocab = 32768
+    parents, tokens, offsets = [], [], [0]
+    for _ in range(rnd.randint(12, 20)):
+        n = rnd.randint(1, 24)
+        p = [-1] + [i - 1 if rnd.random() < 0.7 else rnd.randrange(i) for i in range(1, n)]
+        parents += p
+        tokens += [rnd.randrange(VOCAB) for _ in p]
+        offsets.append(len(parents))
+    x = np.concatenate(
+        [
+            make_logits(rng, parents[s:e], tokens[s:e], vocab, dtype)
+            for s, e in itertools_pairs(offsets)
+        ]
+    )
+    choice = np.argmax(x, axis=1).tolist()  # numpy: the first maximum
+    num, acc, tok = ref.batch_verify_walk(parents, tokens, offsets, choice)
+    assert len(num) * len(acc[0]) * vocab >= 1 << 22
+    b = ss.TreeBatch.from_flat(parents, tokens, offsets)
+    check_batch(ss.verify(b, x), num, acc, tok)
+    check_batch(ss.verify(b, np.asfortranarray(x)), num, acc, tok)
+    visited = [
+        s + a
+        for (s, _), row in zip(itertools_pairs(offsets), acc, strict=True)
+        for a in row
+        if a >= 0
+    ]
+    poisoned = x.copy()
+    poisoned[np.setdiff1d(np.arange(len(parents)), visited)] = np.nan
+    check_batch(ss.verify(b, poisoned), num, acc, tok)
+    row = visited[rnd.randrange(len(visited))]
+    poisoned[row, rnd.randrange(vocab)] = np.nan
+    with pytest.raises(ValueError, match=rf"row {row}\b"):
+        ss.verify(b, poisoned)
 
 
 @pytest.mark.parametrize("dtype", LOGIT_DTYPES)

@@ -23,14 +23,26 @@ pub struct Move {
     pub dst: usize,
 }
 
-fn check_prefix(arg: &'static str, index: Option<usize>, p: i64) -> Result<usize> {
+/// A prefix length for a tree of `num_nodes`: non-negative, and every position the tree
+/// occupies (`prefix + node`) must be a valid int64.
+fn check_prefix(
+    arg: &'static str,
+    index: Option<usize>,
+    p: i64,
+    num_nodes: usize,
+) -> Result<usize> {
+    let name = match index {
+        Some(i) => format!("prefix_lens[{i}] = {p}"),
+        None => format!("prefix_lens = {p}"),
+    };
     if p < 0 {
+        return Err(Error::value(arg, format!("{name}, must be >= 0")));
+    }
+    let last = num_nodes.saturating_sub(1) as i64;
+    if p.checked_add(last).is_none() {
         return Err(Error::value(
             arg,
-            match index {
-                Some(i) => format!("prefix_lens[{i}] = {p}, must be >= 0"),
-                None => format!("must be >= 0, got {p}"),
-            },
+            format!("{name}: positions up to prefix + {last} do not fit in int64"),
         ));
     }
     Ok(p as usize)
@@ -38,7 +50,7 @@ fn check_prefix(arg: &'static str, index: Option<usize>, p: i64) -> Result<usize
 
 /// Moves for one verified tree at `prefix`.
 pub fn compaction_plan(r: &Verified, prefix: i64) -> Result<Vec<Move>> {
-    let prefix = check_prefix("prefix_lens", None, prefix)?;
+    let prefix = check_prefix("prefix_lens", None, prefix, r.num_nodes)?;
     Ok(plan_row(&r.accepted_nodes, prefix, 0).collect())
 }
 
@@ -69,7 +81,7 @@ pub fn batch_compaction_plan(r: &BatchVerified, prefix: &[i64]) -> Result<Vec<Mo
     }
     let mut moves = Vec::new();
     for (b, &p) in prefix.iter().enumerate() {
-        let p = check_prefix("prefix_lens", Some(b), p)?;
+        let p = check_prefix("prefix_lens", Some(b), p, r.offsets[b + 1] - r.offsets[b])?;
         moves.extend(plan_row(r.accepted_row(b), p, b));
     }
     Ok(moves)
@@ -435,6 +447,7 @@ mod tests {
             ]
         );
         assert!(compaction_plan(&r, -1).is_err());
+        assert!(compaction_plan(&r, i64::MAX - 3).is_err());
     }
 
     #[test]

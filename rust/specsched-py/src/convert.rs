@@ -164,6 +164,11 @@ impl Prefix {
         if let Ok(p) = obj.extract::<i64>() {
             return Ok(Prefix::All(p));
         }
+        if obj.is_instance_of::<pyo3::types::PyInt>() {
+            return Err(PyValueError::new_err(format!(
+                "prefix_lens: {obj} does not fit in int64"
+            )));
+        }
         if as_ndarray(obj, "prefix_lens")?.ndim() == 0 {
             return Err(PyTypeError::new_err(format!(
                 "prefix_lens: expected an int or a 1-D int array, got {}",

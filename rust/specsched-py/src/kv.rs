@@ -43,12 +43,12 @@ fn batch_prefixes(r: &BatchVerified, prefix_lens: &Bound<'_, PyAny>) -> PyResult
 }
 
 fn single_prefix(prefix_lens: &Bound<'_, PyAny>) -> PyResult<i64> {
-    prefix_lens.extract::<i64>().map_err(|_| {
-        PyTypeError::new_err(format!(
-            "prefix_lens: expected an int for a single-tree result, got {}",
-            type_name(prefix_lens)
-        ))
-    })
+    match Prefix::extract(prefix_lens)? {
+        Prefix::All(p) => Ok(p),
+        Prefix::PerTree(_) => Err(PyTypeError::new_err(
+            "prefix_lens: expected an int for a single-tree result, got an array",
+        )),
+    }
 }
 
 /// Per request `(prefix, num_nodes)`: what a cache must hold.
@@ -147,6 +147,13 @@ pub fn compact_kv(
         return Err(PyValueError::new_err(
             "cache: is read-only; compaction writes in place",
         ));
+    }
+    if arr.dtype().has_object() {
+        // Moving object pointers as raw bytes would skip their reference counts.
+        return Err(PyTypeError::new_err(format!(
+            "cache: dtype {} holds Python objects; only plain-data caches can be compacted",
+            arr.dtype()
+        )));
     }
     let result = AnyResult::extract(result)?;
     let (seq, batch) = axes(&result, arr.ndim(), seq_dim, batch_dim)?;
