@@ -13,6 +13,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -43,9 +44,12 @@ class _LazyRows:
         return self.logits[i].tolist()
 
 
-def _cases(quick: bool) -> list[tuple[str, str, Callable[[], Any], Callable[[], Any]]]:
+Case = tuple[str, str, Callable[[], Any], Callable[[], Any]]
+
+
+def _cases(quick: bool) -> list[Case]:
     """(kernel, size, rust, reference) for every row of the table."""
-    cases = []
+    cases: list[Case] = []
     sizes = [(1, 8), (32, 64)] if quick else [(1, 8), (32, 64), (256, 64), (256, 128)]
     for b, n in sizes:
         parents, tokens, offsets = random_batch(b, n, vocab=32000)
@@ -74,8 +78,8 @@ def _cases(quick: bool) -> list[tuple[str, str, Callable[[], Any], Callable[[], 
             (
                 "verify(target_tokens)",
                 f"B={b} N={n}",
-                lambda bt=batch, c=choice: ss.verify(bt, target_tokens=c),
-                lambda p=plist, t=tlist, o=olist, c=clist: ref.batch_verify_walk(p, t, o, c),
+                partial(ss.verify, batch, target_tokens=choice),
+                partial(ref.batch_verify_walk, plist, tlist, olist, clist),
             )
         )
     b, n, v = (8, 64, 32000) if quick else (8, 64, 128256)
