@@ -87,6 +87,24 @@ pub fn batch_compaction_plan(r: &BatchVerified, prefix: &[i64]) -> Result<Vec<Mo
     Ok(moves)
 }
 
+/// The sequence and batch axes exist and differ.
+fn check_axes(ndim: usize, seq_dim: usize, batch_dim: Option<usize>) -> Result<()> {
+    if seq_dim >= ndim {
+        return Err(Error::value(
+            "seq_dim",
+            format!("is {seq_dim}, but the cache has {ndim} dimensions"),
+        ));
+    }
+    match batch_dim {
+        Some(bd) if bd >= ndim => Err(Error::value(
+            "batch_dim",
+            format!("is {bd}, but the cache has {ndim} dimensions"),
+        )),
+        Some(bd) if bd == seq_dim => Err(Error::value("batch_dim", "must differ from seq_dim")),
+        _ => Ok(()),
+    }
+}
+
 /// Checks a cache shape against the requests a plan serves: the batch axis (if any) has one
 /// row per request and the sequence axis holds `prefix + num_nodes` for every request.
 /// `extents[b] = (prefix_b, num_nodes_b)`.
@@ -96,23 +114,8 @@ pub fn check_cache_shape(
     batch_dim: Option<usize>,
     extents: &[(usize, usize)],
 ) -> Result<()> {
-    let ndim = shape.len();
-    if seq_dim >= ndim {
-        return Err(Error::value(
-            "seq_dim",
-            format!("is {seq_dim}, but the cache has {ndim} dimensions"),
-        ));
-    }
+    check_axes(shape.len(), seq_dim, batch_dim)?;
     if let Some(bd) = batch_dim {
-        if bd >= ndim {
-            return Err(Error::value(
-                "batch_dim",
-                format!("is {bd}, but the cache has {ndim} dimensions"),
-            ));
-        }
-        if bd == seq_dim {
-            return Err(Error::value("batch_dim", "must differ from seq_dim"));
-        }
         if shape[bd] != extents.len() {
             return Err(Error::value(
                 "cache",
@@ -245,23 +248,7 @@ impl StridedMut {
         moves: &[Move],
     ) -> Result<()> {
         let ndim = self.shape.len();
-        if seq_dim >= ndim {
-            return Err(Error::value(
-                "seq_dim",
-                format!("is {seq_dim}, but the cache has {ndim} dimensions"),
-            ));
-        }
-        if let Some(bd) = batch_dim {
-            if bd >= ndim {
-                return Err(Error::value(
-                    "batch_dim",
-                    format!("is {bd}, but the cache has {ndim} dimensions"),
-                ));
-            }
-            if bd == seq_dim {
-                return Err(Error::value("batch_dim", "must differ from seq_dim"));
-            }
-        }
+        check_axes(ndim, seq_dim, batch_dim)?;
         let seq_len = self.shape[seq_dim];
         let batch_len = batch_dim.map_or(1, |d| self.shape[d]);
         // Check every move before writing anything, so a bad plan leaves the cache untouched.
