@@ -269,9 +269,9 @@ def _prefix_args(kind: str, values: list[int]) -> tuple[Any, int | list[int]]:
 
 @settings(max_examples=40, deadline=None)
 @given(
-    batch=batches(max_trees=6, max_nodes=40),
+    batch=st.one_of(batches(max_trees=6, max_nodes=40), batches(max_trees=64, max_nodes=12)),
     kind=st.sampled_from(PREFIX_KINDS),
-    prefixes=st.lists(st.integers(0, 40), min_size=6, max_size=6),
+    prefixes=st.lists(st.integers(0, 40), min_size=64, max_size=64),
     strided=st.booleans(),
 )
 def test_batch_layouts_match_reference(

@@ -282,7 +282,10 @@ def _local(parents: list[int], offsets: list[int], b: int) -> list[int]:
 
 @settings(max_examples=40, deadline=None)
 @given(
-    batch=batches(max_trees=8, max_nodes=48, vocab=1 << 16),
+    batch=st.one_of(
+        batches(max_trees=8, max_nodes=48, vocab=1 << 16),
+        batches(max_trees=64, max_nodes=8, vocab=1 << 16),
+    ),
     pdtype=st.sampled_from(INDEX_DTYPES),
     tdtype=st.sampled_from(TOKEN_DTYPES),
     odtype=st.sampled_from(INDEX_DTYPES),
