@@ -683,13 +683,13 @@ def batch_commit_slots(
 # simulator (specsched.sim): acceptance models, expected tokens, Monte Carlo
 # --------------------------------------------------------------------------------------------
 
-__all__ += [  # noqa: PLE0605
+__all__ += [
+    "SimRng",
     "chain_expected_tokens",
     "sim_child_prob",
     "sim_expected_tokens",
     "sim_path_probs",
     "sim_simulate",
-    "SimRng",
 ]
 
 _M64 = (1 << 64) - 1

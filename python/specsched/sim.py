@@ -27,7 +27,7 @@ import statistics
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal, Union
+from typing import Literal
 
 import numpy as np
 
@@ -120,7 +120,7 @@ class Acceptance:
         return f"{self.kind} [{', '.join(f'{v:g}' for v in self.values)}]"
 
 
-ModelLike = Union[Acceptance, float]
+ModelLike = Acceptance | float
 
 
 def as_model(model: ModelLike) -> Acceptance:
