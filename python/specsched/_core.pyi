@@ -240,21 +240,21 @@ def commit_slots(
 def sim_chain_expected_tokens(alpha: float, gamma: int) -> float:
     """Expected tokens per target call of a chain of `gamma` drafts (bonus included)."""
 
-def sim_expected_tokens(tree: Tree, kind: str, values: list[float]) -> float:
+def sim_expected_tokens(tree: Tree, kind: str, values: list[list[float]]) -> float:
     """`1 + sum of P(path to v accepted)` under the acceptance model `(kind, values)`."""
 
-def sim_path_probs(tree: Tree, kind: str, values: list[float]) -> npt.NDArray[np.float64]:
+def sim_path_probs(tree: Tree, kind: str, values: list[list[float]]) -> npt.NDArray[np.float64]:
     """Probability that the path to each node is accepted (1 at the root)."""
 
 def sim_best_tree(
-    kind: str, values: list[float], budget: int, max_depth: int, max_children: int
+    kind: str, values: list[list[float]], budget: int, max_depth: int, max_children: int
 ) -> Tree:
     """The best-first tree of at most `budget` nodes under the acceptance model."""
 
 def sim_simulate(
     tree: Tree,
     kind: str,
-    values: list[float],
+    values: list[list[float]],
     steps: int,
     seed: int,
     threads: int | None = None,

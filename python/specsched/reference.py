@@ -702,10 +702,13 @@ def chain_expected_tokens(alpha: float, gamma: int) -> float:
     return sum(alpha**i for i in range(gamma + 1))
 
 
-def sim_child_prob(kind: str, values: Sequence[float], depth: int, rank: int) -> float:
+def sim_child_prob(kind: str, values: Sequence[Any], depth: int, rank: int) -> float:
     """P(the target picks the rank-``rank`` child at depth ``depth`` | its parent accepted).
     iid / per_depth: every child matches independently with alpha, the first match wins;
-    per_rank: ``values[rank]`` (0 past the end)."""
+    per_rank: ``values[rank]`` (0 past the end); table: ``values[depth - 1][rank]``."""
+    if kind == "table":
+        row = values[depth - 1]
+        return row[rank] if rank < len(row) else 0.0
     if kind == "per_rank":
         return values[rank] if rank < len(values) else 0.0
     alpha = values[0] if kind == "iid" else values[depth - 1]
@@ -715,7 +718,7 @@ def sim_child_prob(kind: str, values: Sequence[float], depth: int, rank: int) ->
     return p
 
 
-def _sim_conditional(parents: Sequence[int], kind: str, values: Sequence[float]) -> list[float]:
+def _sim_conditional(parents: Sequence[int], kind: str, values: Sequence[Any]) -> list[float]:
     kids = _children(parents)
     dep = depths(parents)
     q = [0.0] * len(parents)
@@ -726,7 +729,7 @@ def _sim_conditional(parents: Sequence[int], kind: str, values: Sequence[float])
     return q
 
 
-def sim_path_probs(parents: Sequence[int], kind: str, values: Sequence[float]) -> list[float]:
+def sim_path_probs(parents: Sequence[int], kind: str, values: Sequence[Any]) -> list[float]:
     """P(path from the root to v accepted) = product of the conditional probabilities."""
     q = _sim_conditional(parents, kind, values)
     out = []
@@ -738,7 +741,7 @@ def sim_path_probs(parents: Sequence[int], kind: str, values: Sequence[float]) -
     return out
 
 
-def sim_expected_tokens(parents: Sequence[int], kind: str, values: Sequence[float]) -> float:
+def sim_expected_tokens(parents: Sequence[int], kind: str, values: Sequence[Any]) -> float:
     """Expected tokens per step: the root's 1 plus every draft node's path probability."""
     return sum(sim_path_probs(parents, kind, values))
 
@@ -783,7 +786,7 @@ class SimRng:
 
 
 def sim_simulate(
-    parents: Sequence[int], kind: str, values: Sequence[float], steps: int, seed: int
+    parents: Sequence[int], kind: str, values: Sequence[Any], steps: int, seed: int
 ) -> list[int]:
     """Monte-Carlo verification: for every step, at each node the walk reaches draw
     ``u = rng.random()`` and pick the first child whose cumulative probability (children in

@@ -48,7 +48,7 @@ __all__ = [
     "speedup",
 ]
 
-Kind = Literal["iid", "per_depth", "per_rank"]
+Kind = Literal["iid", "per_depth", "per_rank", "table"]
 
 
 def _prob(name: str, x: float) -> float:
@@ -71,31 +71,39 @@ class Acceptance:
     - `Acceptance.per_depth([a1, a2, ...])`: the same with `alpha` depending on the depth.
     - `Acceptance.per_rank([p0, p1, ...])` (Sequoia): the target picks the rank-r child with
       probability `p_r`, `sum(p) <= 1`.
+    - `Acceptance.table([[p00, p01, ...], [p10, ...], ...])`: measured acceptance by depth
+      (rows, depth 1 first) and rank (columns), each row summing to at most 1.
     """
 
     kind: Kind
-    values: tuple[float, ...]
+    values: tuple[float, ...] | tuple[tuple[float, ...], ...]
 
     def __post_init__(self) -> None:
-        if self.kind not in ("iid", "per_depth", "per_rank"):
+        if self.kind not in ("iid", "per_depth", "per_rank", "table"):
             raise ValueError(
-                f"acceptance: unknown kind {self.kind!r}, expected 'iid', 'per_depth' or 'per_rank'"
+                f"acceptance: unknown kind {self.kind!r}, expected 'iid', 'per_depth', "
+                "'per_rank' or 'table'"
             )
         if not self.values:
             raise ValueError(f"acceptance: the {self.kind} model needs at least one value")
         if self.kind == "iid" and len(self.values) != 1:
             raise ValueError("acceptance: an iid model takes exactly one alpha")
-        name = "alpha" if self.kind == "iid" else self.kind
-        vals = tuple(
-            _prob(name if self.kind == "iid" else f"{name}[{i}]", v)
-            for i, v in enumerate(self.values)
-        )
-        object.__setattr__(self, "values", vals)
-        if self.kind == "per_rank" and sum(vals) > 1.0 + 1e-9:
-            raise ValueError(
-                f"per_rank: sums to {sum(vals):.6g}, but the target picks at most one child "
-                "(the sum must be <= 1)"
+        rows = self.values if self.kind == "table" else (self.values,)
+        checked = []
+        for d, row in enumerate(rows):
+            if isinstance(row, (int, float)):
+                raise ValueError(f"table[{d}]: expected a row of probabilities, got {row!r}")
+            name = {"iid": "alpha", "table": f"table[{d}]"}.get(self.kind, self.kind)
+            vals = tuple(
+                _prob(name if self.kind == "iid" else f"{name}[{i}]", v) for i, v in enumerate(row)
             )
+            if self.kind in ("per_rank", "table") and sum(vals) > 1.0 + 1e-9:
+                raise ValueError(
+                    f"{name}: sums to {sum(vals):.6g}, but the target picks at most one child "
+                    "(the sum must be <= 1)"
+                )
+            checked.append(vals)
+        object.__setattr__(self, "values", tuple(checked) if self.kind == "table" else checked[0])
 
     @classmethod
     def iid(cls, alpha: float) -> Acceptance:
@@ -109,15 +117,22 @@ class Acceptance:
     def per_rank(cls, values: Sequence[float]) -> Acceptance:
         return cls("per_rank", tuple(values))
 
-    @property
-    def top1(self) -> float:
-        """Probability the first-ranked child at depth 1 is accepted (the chain's alpha)."""
-        return self.values[0]
+    @classmethod
+    def table(cls, rows: Sequence[Sequence[float]]) -> Acceptance:
+        return cls("table", tuple(tuple(r) for r in rows))
+
+    def core_values(self) -> list[list[float]]:
+        """The values as the extension takes them: one row, or one row per depth."""
+        if self.kind == "table":
+            return [list(r) for r in self.values]  # type: ignore[union-attr]
+        return [list(self.values)]  # type: ignore[arg-type]
 
     def describe(self) -> str:
         if self.kind == "iid":
             return f"iid alpha={self.values[0]:g}"
-        return f"{self.kind} [{', '.join(f'{v:g}' for v in self.values)}]"
+        rows = self.core_values()
+        text = "; ".join(", ".join(f"{v:.3g}" for v in r) for r in rows)
+        return f"{self.kind} [{text}]"
 
 
 ModelLike = Acceptance | float
@@ -165,13 +180,13 @@ def expected_accept_length(tree: Tree | int, model: ModelLike) -> float:
     """Expected tokens per step (tau, bonus included) of `tree` (or a chain of that many
     drafts): `1 + sum over v != root of P(path to v accepted)`."""
     m = as_model(model)
-    return float(_core.sim_expected_tokens(_tree(tree), m.kind, list(m.values)))
+    return float(_core.sim_expected_tokens(_tree(tree), m.kind, m.core_values()))
 
 
 def path_probabilities(tree: Tree | int, model: ModelLike) -> np.ndarray:
     """float64 `[N]`: probability that the path from the root to each node is accepted."""
     m = as_model(model)
-    return _core.sim_path_probs(_tree(tree), m.kind, list(m.values))
+    return _core.sim_path_probs(_tree(tree), m.kind, m.core_values())
 
 
 def best_tree(
@@ -184,7 +199,7 @@ def best_tree(
     budget = _count("budget", budget, 1)
     depth = budget - 1 if max_depth is None else _count("max_depth", max_depth, 0)
     k = budget if topk is None else _count("topk", topk, 1)
-    return _core.sim_best_tree(m.kind, list(m.values), budget, depth, k)
+    return _core.sim_best_tree(m.kind, m.core_values(), budget, depth, k)
 
 
 @dataclass(frozen=True)
@@ -263,7 +278,7 @@ def simulate(
         raise ValueError(f"seed: {seed} does not fit 64 bits")
     if threads is not None:
         threads = _count("threads", threads, 1)
-    n, hist = _core.sim_simulate(tree, m.kind, list(m.values), steps, seed, threads)
+    n, hist = _core.sim_simulate(tree, m.kind, m.core_values(), steps, seed, threads)
     return SimResult(steps=int(n), histogram=hist, seed=seed)
 
 

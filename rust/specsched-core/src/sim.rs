@@ -37,6 +37,10 @@ pub enum Acceptance {
     /// Sequoia's per-rank vector: entry `r` is the probability that the target picks the child
     /// of rank `r`; `Σ ≤ 1`, ranks past the end are never picked.
     PerRank(Vec<f64>),
+    /// Measured acceptance by depth and rank (what acceptance statistics collect): row `d − 1`
+    /// holds the per-rank probabilities at depth `d`, each row summing to at most 1. Must
+    /// cover the tree's depth; ranks past a row's end are never picked.
+    Table(Vec<Vec<f64>>),
 }
 
 fn check_prob(arg: &'static str, what: String, p: f64) -> Result<()> {
@@ -78,15 +82,43 @@ impl Acceptance {
                 }
                 Ok(())
             }
+            Acceptance::Table(rows) => {
+                if rows.is_empty() {
+                    return Err(Error::value("acceptance", "the table has no rows"));
+                }
+                for (d, row) in rows.iter().enumerate() {
+                    for (r, &p) in row.iter().enumerate() {
+                        check_prob("acceptance", format!("table[{d}][{r}]"), p)?;
+                    }
+                    let s: f64 = row.iter().sum();
+                    if s > 1.0 + 1e-9 {
+                        return Err(Error::value(
+                            "acceptance",
+                            format!("table row {d} (depth {}) sums to {s}, but the target picks at most one child (sum <= 1)", d + 1),
+                        ));
+                    }
+                }
+                Ok(())
+            }
         }
     }
 
-    /// `"iid"`, `"per_depth"` or `"per_rank"`.
+    /// Deepest depth the model covers (`None`: any depth).
+    pub fn depth_limit(&self) -> Option<usize> {
+        match self {
+            Acceptance::PerDepth(v) => Some(v.len()),
+            Acceptance::Table(rows) => Some(rows.len()),
+            _ => None,
+        }
+    }
+
+    /// `"iid"`, `"per_depth"`, `"per_rank"` or `"table"`.
     pub fn kind(&self) -> &'static str {
         match self {
             Acceptance::Iid(_) => "iid",
             Acceptance::PerDepth(_) => "per_depth",
             Acceptance::PerRank(_) => "per_rank",
+            Acceptance::Table(_) => "table",
         }
     }
 
@@ -99,6 +131,9 @@ impl Acceptance {
             Acceptance::Iid(a) => Some(geometric(*a)),
             Acceptance::PerDepth(v) => v.get(depth.checked_sub(1)?).map(|&a| geometric(a)),
             Acceptance::PerRank(v) => Some(v.get(rank).copied().unwrap_or(0.0)),
+            Acceptance::Table(rows) => rows
+                .get(depth.checked_sub(1)?)
+                .map(|row| row.get(rank).copied().unwrap_or(0.0)),
         }
     }
 }
@@ -118,13 +153,13 @@ pub fn chain_expected_tokens(alpha: f64, gamma: usize) -> Result<f64> {
 /// `q[v]`: probability the target picks node `v` given its parent was accepted (`q[0] = 1`).
 pub fn conditional_probs(tree: TreeRef<'_>, model: &Acceptance) -> Result<Vec<f64>> {
     model.validate()?;
-    if let Acceptance::PerDepth(v) = model {
-        if v.len() < tree.max_depth as usize {
+    if let Some(limit) = model.depth_limit() {
+        if limit < tree.max_depth as usize {
             return Err(Error::value(
                 "acceptance",
                 format!(
-                    "the per_depth vector has {} entries but the tree is {} deep (one entry per depth is needed)",
-                    v.len(),
+                    "the {} model covers {limit} depths but the tree is {} deep (one entry per depth is needed)",
+                    model.kind(),
                     tree.max_depth
                 ),
             ));
@@ -210,13 +245,13 @@ pub fn best_tree(
     if max_children == 0 {
         return Err(Error::value("max_children", "must be at least 1"));
     }
-    if let Acceptance::PerDepth(v) = model {
-        if v.len() < max_depth.min(budget - 1) {
+    if let Some(limit) = model.depth_limit() {
+        if limit < max_depth.min(budget - 1) {
             return Err(Error::value(
                 "acceptance",
                 format!(
-                    "the per_depth vector has {} entries but the tree may be {} deep",
-                    v.len(),
+                    "the {} model covers {limit} depths but the tree may be {} deep",
+                    model.kind(),
                     max_depth.min(budget - 1)
                 ),
             ));
@@ -455,6 +490,10 @@ mod tests {
         assert!(close(e, 2.2), "{e}");
         let err = expected_tokens(t.view(), &Acceptance::PerDepth(vec![0.5])).unwrap_err();
         assert!(err.to_string().contains("2 deep"), "{err}");
+        // Table [[0.6, 0.3], [0.5]]: 1 + 0.6 + 0.3 + 0.6 * 0.5 = 2.2.
+        let m = Acceptance::Table(vec![vec![0.6, 0.3], vec![0.5]]);
+        assert!(close(expected_tokens(t.view(), &m).unwrap(), 2.2));
+        assert!(Acceptance::Table(vec![vec![0.6, 0.5]]).validate().is_err());
     }
 
     #[test]

@@ -20,6 +20,8 @@ fn model_strategy() -> impl Strategy<Value = Acceptance> {
         (0.0f64..=1.0).prop_map(Acceptance::Iid),
         proptest::collection::vec(0.0f64..=1.0, 24).prop_map(Acceptance::PerDepth),
         proptest::collection::vec(0.0f64..0.333, 1..4).prop_map(Acceptance::PerRank),
+        proptest::collection::vec(proptest::collection::vec(0.0f64..0.333, 0..4), 24)
+            .prop_map(Acceptance::Table),
     ]
 }
 

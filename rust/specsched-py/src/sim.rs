@@ -10,23 +10,34 @@ use specsched_core::sim::{self, Acceptance};
 use crate::convert::{owned, IntoPyResult};
 use crate::tree::PyTree;
 
-/// The core model from its kind and values (`"iid"` takes exactly one value).
-fn model(kind: &str, values: Vec<f64>) -> PyResult<Acceptance> {
+/// The core model from its kind and values: `"iid"` `[[alpha]]`, `"per_depth"` and
+/// `"per_rank"` one row, `"table"` one row per depth.
+fn model(kind: &str, values: Vec<Vec<f64>>) -> PyResult<Acceptance> {
+    let one_row = |values: Vec<Vec<f64>>| -> PyResult<Vec<f64>> {
+        match <[Vec<f64>; 1]>::try_from(values) {
+            Ok([row]) => Ok(row),
+            Err(v) => Err(PyValueError::new_err(format!(
+                "acceptance: a {kind} model takes one row of values, got {} rows",
+                v.len()
+            ))),
+        }
+    };
     let m = match kind {
-        "iid" => match values[..] {
+        "iid" => match one_row(values)?[..] {
             [a] => Acceptance::Iid(a),
-            _ => {
+            ref v => {
                 return Err(PyValueError::new_err(format!(
                     "acceptance: an iid model takes one alpha, got {} values",
-                    values.len()
+                    v.len()
                 )))
             }
         },
-        "per_depth" => Acceptance::PerDepth(values),
-        "per_rank" => Acceptance::PerRank(values),
+        "per_depth" => Acceptance::PerDepth(one_row(values)?),
+        "per_rank" => Acceptance::PerRank(one_row(values)?),
+        "table" => Acceptance::Table(values),
         other => {
             return Err(PyValueError::new_err(format!(
-                "acceptance: unknown kind {other:?}, expected 'iid', 'per_depth' or 'per_rank'"
+                "acceptance: unknown kind {other:?}, expected 'iid', 'per_depth', 'per_rank' or 'table'"
             )))
         }
     };
@@ -46,7 +57,7 @@ pub fn sim_expected_tokens(
     py: Python<'_>,
     tree: &Bound<'_, PyTree>,
     kind: &str,
-    values: Vec<f64>,
+    values: Vec<Vec<f64>>,
 ) -> PyResult<f64> {
     let m = model(kind, values)?;
     let t = &tree.get().inner;
@@ -59,7 +70,7 @@ pub fn sim_path_probs<'py>(
     py: Python<'py>,
     tree: &Bound<'py, PyTree>,
     kind: &str,
-    values: Vec<f64>,
+    values: Vec<Vec<f64>>,
 ) -> PyResult<Bound<'py, PyAny>> {
     let m = model(kind, values)?;
     let t = &tree.get().inner;
@@ -73,7 +84,7 @@ pub fn sim_path_probs<'py>(
 pub fn sim_best_tree(
     py: Python<'_>,
     kind: &str,
-    values: Vec<f64>,
+    values: Vec<Vec<f64>>,
     budget: usize,
     max_depth: usize,
     max_children: usize,
@@ -93,7 +104,7 @@ pub fn sim_simulate<'py>(
     py: Python<'py>,
     tree: &Bound<'py, PyTree>,
     kind: &str,
-    values: Vec<f64>,
+    values: Vec<Vec<f64>>,
     steps: u64,
     seed: u64,
     threads: Option<usize>,
