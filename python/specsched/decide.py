@@ -581,8 +581,9 @@ def decide(profile: Profile | Mapping[str, Any] | str | Path) -> Recommendation:
     if best.method == "eagle3_tree" and chain is not None:
         reasons.append(
             f"tree over chain: {best.expected_tokens:.2f} vs {chain.expected_tokens:.2f} tokens "
-            f"per step; the tree covers several candidates per position and needs "
-            f"{best.config['depth']} draft steps, not {chain.config['num_speculative_tokens']}"
+            f"per step ({best.speedup:.2f}x vs {chain.speedup:.2f}x); the tree verifies "
+            f"{best.config['budget']} tokens over {best.config['depth']} draft steps and "
+            "covers the target's second and third choices where the top draft misses"
         )
     elif best.method == "eagle3_chain":
         tree = next(c for c in live if c.method == "eagle3_tree")
