@@ -225,6 +225,8 @@ def _workload_class(c: Any, where: str) -> WorkloadClass:
 def load_profile(path: str | Path) -> Profile:
     """A profile from a `.toml` or `.json` file."""
     p = Path(path)
+    if p.suffix not in (".json", ".toml"):
+        raise ProfileError(f"profile: {p} must end in .toml or .json")
     try:
         text = p.read_text()
     except OSError as e:
@@ -234,7 +236,7 @@ def load_profile(path: str | Path) -> Profile:
             data = json.loads(text)
         except json.JSONDecodeError as e:
             raise ProfileError(f"profile: {p} is not valid JSON: {e}") from None
-    elif p.suffix == ".toml":
+    else:
         if sys.version_info >= (3, 11):
             import tomllib
         else:  # pragma: no cover - Python 3.10
@@ -246,8 +248,6 @@ def load_profile(path: str | Path) -> Profile:
             data = tomllib.loads(text)
         except tomllib.TOMLDecodeError as e:
             raise ProfileError(f"profile: {p} is not valid TOML: {e}") from None
-    else:
-        raise ProfileError(f"profile: {p} must end in .toml or .json")
     return Profile.from_dict(data)
 
 
