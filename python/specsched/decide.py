@@ -241,7 +241,7 @@ def load_profile(path: str | Path) -> Profile:
             import tomllib
         else:  # pragma: no cover - Python 3.10
             try:
-                import tomli as tomllib
+                import tomli as tomllib  # type: ignore[import-not-found, no-redef]
             except ImportError:
                 raise ProfileError("profile: reading TOML needs Python 3.11+ or tomli") from None
         try:

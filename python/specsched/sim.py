@@ -27,7 +27,7 @@ import statistics
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal, cast
 
 import numpy as np
 
@@ -89,7 +89,8 @@ class Acceptance:
         if self.kind == "iid" and len(self.values) != 1:
             raise ValueError("acceptance: an iid model takes exactly one alpha")
         rows = self.values if self.kind == "table" else (self.values,)
-        checked = []
+        checked: list[tuple[float, ...]] = []
+        row: Any
         for d, row in enumerate(rows):
             if isinstance(row, (int, float)):
                 raise ValueError(f"table[{d}]: expected a row of probabilities, got {row!r}")
@@ -124,8 +125,8 @@ class Acceptance:
     def core_values(self) -> list[list[float]]:
         """The values as the extension takes them: one row, or one row per depth."""
         if self.kind == "table":
-            return [list(r) for r in self.values]  # type: ignore[union-attr]
-        return [list(self.values)]  # type: ignore[arg-type]
+            return [list(cast("tuple[float, ...]", r)) for r in self.values]
+        return [list(cast("tuple[float, ...]", self.values))]
 
     def describe(self) -> str:
         if self.kind == "iid":
