@@ -587,11 +587,17 @@ def decide(profile: Profile | Mapping[str, Any] | str | Path) -> Recommendation:
         )
     elif best.method == "eagle3_chain":
         tree = next(c for c in live if c.method == "eagle3_tree")
+        per_token = p.target_forward_ms * p.concurrency / p.knee_tokens
+        cause = (
+            f"; past {knee_n:.1f} verified tokens per request each extra one costs "
+            f"{per_token:.2f} ms of target time"
+            if knee_n < 64
+            else "; the tree's extra tokens do not repay their draft and verify cost"
+        )
         reasons.append(
-            f"chain over tree: the best tree ({tree.label()}) gains {tree.speedup:.2f}x vs "
-            f"{best.speedup:.2f}x: its {tree.step_ms:.1f} ms step vs the chain's "
-            f"{best.step_ms:.1f} ms costs more than the "
-            f"{tree.expected_tokens - best.expected_tokens:+.2f} tokens per step it changes"
+            f"chain over tree: the best tree ({tree.label()}) gets {tree.expected_tokens:.2f} "
+            f"tokens per {tree.step_ms:.1f} ms step ({tree.speedup:.2f}x), the chain "
+            f"{best.expected_tokens:.2f} per {best.step_ms:.1f} ms ({best.speedup:.2f}x){cause}"
         )
     return Recommendation(
         best.method,
