@@ -153,8 +153,9 @@ def simulate_command(args: argparse.Namespace) -> int:
         f"{cost.knee_tokens:g}), t_draft = {cost.t_draft_ms:g} ms/step, "
         f"t_host = {cost.t_host_ms:.4g} ms"
     )
+    w = max(24, *(len(r["model"]) for r in rows))
     head = (
-        f"{'model':<24} {'N':>3}  {'shape':<6} {'depth':>5} {'leaves':>6} "
+        f"{'model':<{w}} {'N':>3}  {'shape':<6} {'depth':>5} {'leaves':>6} "
         f"{'E[tokens]':>9} {'simulated (95% CI)':>24} {'speed-up':>8}"
     )
     print(head)
@@ -167,7 +168,7 @@ def simulate_command(args: argparse.Namespace) -> int:
                 lo, hi = e["simulated"]["ci95"]
                 simulated = f"{e['simulated']['mean_tokens']:.3f} [{lo:.3f}, {hi:.3f}]"
             print(
-                f"{row['model']:<24} {row['budget']:>3}  {name:<6} {e['depth']:>5} "
+                f"{row['model']:<{w}} {row['budget']:>3}  {name:<6} {e['depth']:>5} "
                 f"{e['leaves']:>6} {e['expected_tokens']:>9.3f} {simulated:>24} "
                 f"{e['speedup']:>7.2f}x"
             )
