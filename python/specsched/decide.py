@@ -19,6 +19,9 @@ with its numbers. Every candidate is scored with the same model (`specsched.sim`
 Defaults encode the published numbers (FIELD_NOTES §4): EAGLE-3 on Llama 3.3 70B at ~88%
 acceptance gives 2.5-3.5x; n-gram ~1.2-1.5x; vLLM v0.18.0's EAGLE-3 does not run with chunked
 prefill while n-gram does. Measure and pass your own acceptance rates whenever you can.
+
+`specsched.decide` (the package attribute) is the function; import the types from this module:
+`from specsched.decide import Profile, Recommendation`.
 """
 
 from __future__ import annotations
