@@ -452,7 +452,9 @@ def _eagle3_candidates(scorer: _Scorer, delta: float) -> tuple[Candidate, Candid
         if topk == 1:
             config: dict[str, Any] = {"num_speculative_tokens": depth}
         else:
-            config = {"topk": topk, "depth": depth, "budget": budget}
+            # The budget the tree fills: topk and depth may cap it below the grid's value.
+            nodes = sim.best_tree(_eagle3_model(p, a, depth, topk), budget, depth, topk).num_nodes
+            config = {"topk": topk, "depth": depth, "budget": nodes}
         return Candidate(method, config, tokens, step, s, (lo, hi))
 
     chain = candidate("eagle3_chain", best([(g + 1, g, 1) for g in range(1, 11)]))
