@@ -3,14 +3,22 @@ error messages (in-process through `main`, and once through the installed entry 
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 from specsched import sim
 from specsched.cli import main
+
+
+def needs_toml() -> None:
+    """TOML profiles need Python 3.11's tomllib, or tomli on 3.10."""
+    if sys.version_info < (3, 11) and importlib.util.find_spec("tomli") is None:
+        pytest.skip("reading TOML needs Python 3.11+ or tomli")
 
 
 def run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
@@ -61,6 +69,7 @@ def test_decide_flags_and_json(capsys: pytest.CaptureFixture[str]) -> None:
 def test_decide_profile_file_and_classes(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    needs_toml()
     prof = tmp_path / "w.toml"
     prof.write_text("prompt_tokens = 2000\noutput_tokens = 300\nchunked_prefill = true\n")
     code, out, _ = run(["decide", "--profile", str(prof), "--eagle3-head", "--json"], capsys)

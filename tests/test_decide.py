@@ -4,7 +4,9 @@ profiles naming their field."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -107,6 +109,12 @@ TABLE: list[tuple[str, dict[str, Any], str, list[str]]] = [
 ]
 
 
+def needs_toml() -> None:
+    """TOML profiles need Python 3.11's tomllib, or tomli on 3.10."""
+    if sys.version_info < (3, 11) and importlib.util.find_spec("tomli") is None:
+        pytest.skip("reading TOML needs Python 3.11+ or tomli")
+
+
 @pytest.mark.parametrize(("name", "profile", "method", "reasons"), TABLE, ids=[t[0] for t in TABLE])
 def test_decision_table(
     name: str, profile: dict[str, Any], method: str, reasons: list[str]
@@ -185,6 +193,7 @@ def test_ngram_expected_tokens_use_the_chain_formula() -> None:
 
 
 def test_profile_files(tmp_path: Path) -> None:
+    needs_toml()
     toml = tmp_path / "p.toml"
     toml.write_text(
         "concurrency = 4\neagle3_head = true\n\n"
