@@ -14,6 +14,7 @@ extra). Bad input exits with status 2 and a one-line message.
 from __future__ import annotations
 
 import argparse
+import functools
 import statistics
 import sys
 import time
@@ -56,7 +57,7 @@ class _LazyRows:
 
 def _cases(quick: bool) -> list[tuple[str, str, Callable[[], Any], Callable[[], Any]]]:
     """(kernel, size, rust, reference) for every row of the table."""
-    cases = []
+    cases: list[tuple[str, str, Callable[[], Any], Callable[[], Any]]] = []
     sizes = [(1, 8), (32, 64)] if quick else [(1, 8), (32, 64), (256, 64), (256, 128)]
     for b, n in sizes:
         parents, tokens, offsets = random_batch(b, n, vocab=32000)
@@ -85,8 +86,8 @@ def _cases(quick: bool) -> list[tuple[str, str, Callable[[], Any], Callable[[], 
             (
                 "verify(target_tokens)",
                 f"B={b} N={n}",
-                lambda bt=batch, c=choice: ss.verify(bt, target_tokens=c),
-                lambda p=plist, t=tlist, o=olist, c=clist: ref.batch_verify_walk(p, t, o, c),
+                functools.partial(ss.verify, batch, target_tokens=choice),
+                functools.partial(ref.batch_verify_walk, plist, tlist, olist, clist),
             )
         )
     b, n, v = (8, 64, 32000) if quick else (8, 64, 128256)
