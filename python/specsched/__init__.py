@@ -16,6 +16,7 @@ from specsched._core import (
 )
 from specsched._kv import commit_slots, compact_kv, kv_compaction_plan
 from specsched._verify import verify
+from specsched.decide import decide
 
 __all__ = [
     "MAX_BATCH_NODES",
@@ -27,6 +28,7 @@ __all__ = [
     "__version__",
     "commit_slots",
     "compact_kv",
+    "decide",
     "kv_compaction_plan",
     "verify",
 ]

@@ -17,6 +17,11 @@ __all__ = [
     "commit_slots",
     "compact_kv",
     "kv_compaction_plan",
+    "sim_best_tree",
+    "sim_chain_expected_tokens",
+    "sim_expected_tokens",
+    "sim_path_probs",
+    "sim_simulate",
     "verify_greedy",
     "verify_target_tokens",
 ]
@@ -231,3 +236,27 @@ def commit_slots(
     slots: npt.ArrayLike, result: VerifyResult | BatchVerifyResult
 ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
     """Paged caches: (kept, freed) slot ids."""
+
+def sim_chain_expected_tokens(alpha: float, gamma: int) -> float:
+    """Expected tokens per target call of a chain of `gamma` drafts (bonus included)."""
+
+def sim_expected_tokens(tree: Tree, kind: str, values: list[list[float]]) -> float:
+    """`1 + sum of P(path to v accepted)` under the acceptance model `(kind, values)`."""
+
+def sim_path_probs(tree: Tree, kind: str, values: list[list[float]]) -> npt.NDArray[np.float64]:
+    """Probability that the path to each node is accepted (1 at the root)."""
+
+def sim_best_tree(
+    kind: str, values: list[list[float]], budget: int, max_depth: int, max_children: int
+) -> Tree:
+    """The best-first tree of at most `budget` nodes under the acceptance model."""
+
+def sim_simulate(
+    tree: Tree,
+    kind: str,
+    values: list[list[float]],
+    steps: int,
+    seed: int,
+    threads: int | None = None,
+) -> tuple[int, npt.NDArray[np.int64]]:
+    """Monte-Carlo verification: `(steps, histogram of accepted draft tokens)`."""

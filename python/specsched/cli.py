@@ -4,6 +4,11 @@
 reports the ratio) on serving-sized inputs: a quick check of what the engine buys on this
 machine. The full comparison, with vectorized numpy/torch peers, is `pytest benches/
 --benchmark-only`.
+
+`specsched simulate` compares a chain and the best tree at the same verify budget (analytic
+and Monte Carlo, with wall-clock speed-ups); `specsched decide` recommends a speculation method
+for a workload profile. Both take `--json` and `--plot FILE.png` (needs matplotlib, the `plot`
+extra). Bad input exits with status 2 and a one-line message.
 """
 
 from __future__ import annotations
@@ -14,12 +19,18 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from functools import partial
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 
 import specsched as ss
 from specsched import reference as ref
+from specsched._cli_sim import (
+    add_decide_parser,
+    add_simulate_parser,
+    decide_command,
+    simulate_command,
+)
 from specsched.testing import logits_with_choices, random_batch, target_choices
 
 
@@ -143,14 +154,31 @@ def _fmt(seconds: float) -> str:
     return f"{seconds:.2f} s"
 
 
+class _Parser(argparse.ArgumentParser):
+    """Usage errors as one line on stderr, status 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="specsched", description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = _Parser(prog="specsched", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     p_bench = sub.add_parser("bench", help="time the Rust kernels against the reference")
     p_bench.add_argument("--quick", action="store_true", help="small sizes, ~10 s")
+    add_simulate_parser(sub)
+    add_decide_parser(sub)
     args = parser.parse_args(argv)
     if args.command == "bench":
         return bench(args.quick)
+    try:
+        if args.command == "simulate":
+            return simulate_command(args)
+        if args.command == "decide":
+            return decide_command(args)
+    except (ValueError, TypeError, OSError) as e:
+        print(f"specsched {args.command}: error: {e}", file=sys.stderr)
+        return 2
     return 2
 
 

@@ -677,3 +677,138 @@ def batch_commit_slots(
         kept_out.append(kept + [-1] * (len(acc) - len(kept)))
         freed_out.extend(freed)
     return kept_out, freed_out
+
+
+# --------------------------------------------------------------------------------------------
+# simulator (specsched.sim): acceptance models, expected tokens, Monte Carlo
+# --------------------------------------------------------------------------------------------
+
+__all__ += [
+    "SimRng",
+    "chain_expected_tokens",
+    "sim_child_prob",
+    "sim_expected_tokens",
+    "sim_path_probs",
+    "sim_simulate",
+]
+
+_M64 = (1 << 64) - 1
+SIM_CHUNK = 1 << 14
+
+
+def chain_expected_tokens(alpha: float, gamma: int) -> float:
+    """Tokens per target call of a chain: the bonus plus draft i (i = 1..gamma) whenever the
+    first i drafts are all accepted, so ``sum(alpha**i for i in 0..gamma)``."""
+    return sum(alpha**i for i in range(gamma + 1))
+
+
+def sim_child_prob(kind: str, values: Sequence[Any], depth: int, rank: int) -> float:
+    """P(the target picks the rank-``rank`` child at depth ``depth`` | its parent accepted).
+    iid / per_depth: every child matches independently with alpha, the first match wins;
+    per_rank: ``values[rank]`` (0 past the end); table: ``values[depth - 1][rank]``."""
+    if kind == "table":
+        row = values[depth - 1]
+        return row[rank] if rank < len(row) else 0.0
+    if kind == "per_rank":
+        return values[rank] if rank < len(values) else 0.0
+    alpha = values[0] if kind == "iid" else values[depth - 1]
+    p = alpha
+    for _ in range(rank):
+        p *= 1.0 - alpha
+    return p
+
+
+def _sim_conditional(parents: Sequence[int], kind: str, values: Sequence[Any]) -> list[float]:
+    kids = _children(parents)
+    dep = depths(parents)
+    q = [0.0] * len(parents)
+    q[0] = 1.0
+    for v in range(len(parents)):
+        for rank, c in enumerate(kids[v]):
+            q[c] = sim_child_prob(kind, values, dep[c], rank)
+    return q
+
+
+def sim_path_probs(parents: Sequence[int], kind: str, values: Sequence[Any]) -> list[float]:
+    """P(path from the root to v accepted) = product of the conditional probabilities."""
+    q = _sim_conditional(parents, kind, values)
+    out = []
+    for v in range(len(parents)):
+        p = 1.0
+        for u in _ancestors_or_self(parents, v):
+            p *= q[u]
+        out.append(p)
+    return out
+
+
+def sim_expected_tokens(parents: Sequence[int], kind: str, values: Sequence[Any]) -> float:
+    """Expected tokens per step: the root's 1 plus every draft node's path probability."""
+    return sum(sim_path_probs(parents, kind, values))
+
+
+def _splitmix64(state: int) -> tuple[int, int]:
+    state = (state + 0x9E3779B97F4A7C15) & _M64
+    z = state
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _M64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _M64
+    return state, z ^ (z >> 31)
+
+
+class SimRng:
+    """xoshiro256++ seeded through splitmix64, one stream per chunk of ``SIM_CHUNK`` steps:
+    ``base = splitmix64(seed)``, then four splitmix64 outputs from
+    ``base ^ (stream * 0xD1B54A32D192ED03)``. ``random()`` takes the top 53 bits."""
+
+    def __init__(self, seed: int, stream: int) -> None:
+        _, base = _splitmix64(seed)
+        st = base ^ ((stream * 0xD1B54A32D192ED03) & _M64)
+        s = []
+        for _ in range(4):
+            st, z = _splitmix64(st)
+            s.append(z)
+        self.s = s
+
+    def next_u64(self) -> int:
+        s = self.s
+        x = (s[0] + s[3]) & _M64
+        out = (((x << 23) | (x >> 41)) & _M64) + s[0] & _M64
+        t = (s[1] << 17) & _M64
+        s[2] ^= s[0]
+        s[3] ^= s[1]
+        s[1] ^= s[2]
+        s[0] ^= s[3]
+        s[2] ^= t
+        s[3] = ((s[3] << 45) | (s[3] >> 19)) & _M64
+        return out
+
+    def random(self) -> float:
+        return (self.next_u64() >> 11) * (1.0 / (1 << 53))
+
+
+def sim_simulate(
+    parents: Sequence[int], kind: str, values: Sequence[Any], steps: int, seed: int
+) -> list[int]:
+    """Monte-Carlo verification: for every step, at each node the walk reaches draw
+    ``u = rng.random()`` and pick the first child whose cumulative probability (children in
+    index order) exceeds ``u``, or none; the walk runs over node-id tokens. Returns the
+    histogram of accepted draft counts ``[max_depth + 1]``."""
+    q = _sim_conditional(parents, kind, values)
+    kids = _children(parents)
+    ids = list(range(len(parents)))
+    hist = [0] * (_max_depth(parents) + 1)
+    for chunk in range((steps + SIM_CHUNK - 1) // SIM_CHUNK):
+        rng = SimRng(seed, chunk)
+
+        def choice(v: int, rng: SimRng = rng) -> int:
+            u = rng.random()
+            acc = 0.0
+            for c in kids[v]:
+                acc += q[c]
+                if u < acc:
+                    return c
+            return -1
+
+        for _ in range(min(SIM_CHUNK, steps - chunk * SIM_CHUNK)):
+            accepted, _ = _walk(parents, ids, choice)
+            hist[len(accepted) - 1] += 1
+    return hist

@@ -10,6 +10,7 @@ pub mod error;
 pub mod kv;
 pub mod layout;
 pub mod select;
+pub mod sim;
 pub mod topology;
 pub mod tree;
 pub mod verify;

@@ -5,6 +5,7 @@ use pyo3::prelude::*;
 
 mod convert;
 mod kv;
+mod sim;
 mod tree;
 mod verify;
 
@@ -20,6 +21,11 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(kv::compact_kv, m)?)?;
     m.add_function(wrap_pyfunction!(kv::cache_moves, m)?)?;
     m.add_function(wrap_pyfunction!(kv::commit_slots, m)?)?;
+    m.add_function(wrap_pyfunction!(sim::sim_chain_expected_tokens, m)?)?;
+    m.add_function(wrap_pyfunction!(sim::sim_expected_tokens, m)?)?;
+    m.add_function(wrap_pyfunction!(sim::sim_path_probs, m)?)?;
+    m.add_function(wrap_pyfunction!(sim::sim_best_tree, m)?)?;
+    m.add_function(wrap_pyfunction!(sim::sim_simulate, m)?)?;
     m.add("MAX_NODES", specsched_core::tree::MAX_NODES)?;
     m.add("MAX_BATCH_NODES", specsched_core::tree::MAX_BATCH_NODES)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;

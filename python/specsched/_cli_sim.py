@@ -1,0 +1,347 @@
+"""`specsched simulate` and `specsched decide`: the command-line faces of `specsched.sim` and
+`specsched.decide`. Tables on stdout (or `--json`), progress on stderr, optional plots."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from typing import Any
+
+import numpy as np
+
+from specsched import sim
+from specsched.decide import Profile, decide, load_profile
+from specsched.sim import Acceptance, CostModel
+
+
+def _floats(text: str) -> list[float]:
+    try:
+        return [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated numbers, got {text!r}"
+        ) from None
+
+
+def _ints(text: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated integers, got {text!r}"
+        ) from None
+
+
+def _progress(done: int, total: int, what: str) -> None:
+    """A one-line progress bar on stderr for sweeps (only when there is something to wait for)."""
+    if total < 4:
+        return
+    width = 24
+    filled = width * done // total
+    end = "\n" if done == total else ""
+    sys.stderr.write(f"\r{what} [{'#' * filled}{'.' * (width - filled)}] {done}/{total}{end}")
+    sys.stderr.flush()
+
+
+# --------------------------------------------------------------------------- simulate
+
+
+def add_simulate_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "simulate",
+        help="chain vs best tree at the same verify budget: expected tokens and speed-up",
+        description="Chain vs the best tree at the same verify budget N (nodes, root included): "
+        "exact expected tokens per step, a Monte-Carlo check over the real verify walk, and "
+        "the wall-clock speed-up under t_target(N) + draft_steps * t_draft + t_host.",
+    )
+    model = p.add_mutually_exclusive_group()
+    model.add_argument("--alpha", type=_floats, help="iid acceptance, or a comma list to sweep")
+    model.add_argument("--per-rank", type=_floats, help="Sequoia per-rank acceptance p0,p1,...")
+    model.add_argument("--per-depth", type=_floats, help="acceptance by depth a1,a2,...")
+    p.add_argument("--budget", type=_ints, default=[8], help="verify budget(s) N, e.g. 4,8,16")
+    p.add_argument("--depth", type=int, default=None, help="max tree depth (default N-1)")
+    p.add_argument("--topk", type=int, default=None, help="max children per node")
+    p.add_argument("--steps", type=int, default=100_000, help="Monte-Carlo steps (0: skip)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--t-target", type=float, default=30.0, help="target forward, ms")
+    p.add_argument("--t-draft", type=float, default=1.5, help="one draft step, ms")
+    p.add_argument("--t-host", type=float, default=None, help="host work per step, ms")
+    p.add_argument("--measure-host", action="store_true", help="t_host = specsched's measured work")
+    p.add_argument("--concurrency", type=int, default=1)
+    p.add_argument("--knee", type=float, default=300.0, help="tokens/forward at compute knee")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--plot", metavar="FILE.png", help="speed-up vs acceptance, tokens vs budget")
+
+
+def _models(args: argparse.Namespace) -> list[Acceptance]:
+    if args.per_rank is not None:
+        return [Acceptance.per_rank(args.per_rank)]
+    if args.per_depth is not None:
+        return [Acceptance.per_depth(args.per_depth)]
+    return [Acceptance.iid(a) for a in (args.alpha or [0.8])]
+
+
+def _compare(
+    model: Acceptance,
+    budget: int,
+    cost: CostModel,
+    depth: int | None,
+    topk: int | None,
+    steps: int,
+    seed: int,
+) -> dict[str, Any]:
+    """One row: chain of `budget - 1` drafts vs the best tree of `budget` nodes."""
+    row: dict[str, Any] = {"model": model.describe(), "budget": budget}
+    chain = sim.chain_tree(budget - 1)
+    tree = sim.best_tree(model, budget, depth, topk)
+    for name, t, draft_steps in (
+        ("chain", chain, budget - 1),
+        ("tree", tree, tree.max_depth),
+    ):
+        e = sim.expected_accept_length(t, model)
+        entry: dict[str, Any] = {
+            "nodes": t.num_nodes,
+            "depth": t.max_depth,
+            "leaves": t.num_leaves,
+            "expected_tokens": e,
+            "draft_steps": draft_steps,
+            "speedup": sim.speedup(e, t.num_nodes, draft_steps, cost),
+        }
+        if steps > 0:
+            r = sim.simulate(t, model, steps, seed)
+            entry["simulated"] = r.to_dict()
+        if name == "tree":
+            entry["parents"] = t.parents.tolist()
+        row[name] = entry
+    return row
+
+
+def simulate_command(args: argparse.Namespace) -> int:
+    if args.steps < 0:
+        raise ValueError(f"--steps: {args.steps}, expected >= 0")
+    if any(b < 1 for b in args.budget) or not args.budget:
+        raise ValueError(f"--budget: {args.budget}, expected positive node counts")
+    models = _models(args)
+    if args.measure_host:
+        t_host = sim.measure_host_overhead(
+            sim.best_tree(models[0], max(args.budget), args.depth, args.topk), args.concurrency
+        )
+    else:
+        t_host = 0.05 if args.t_host is None else args.t_host
+    cost = CostModel(
+        t_target_ms=args.t_target,
+        knee_tokens=args.knee,
+        t_draft_ms=args.t_draft,
+        t_host_ms=t_host,
+        concurrency=args.concurrency,
+    )
+    jobs = [(m, b) for m in models for b in args.budget]
+    rows = []
+    for i, (m, b) in enumerate(jobs):
+        rows.append(_compare(m, b, cost, args.depth, args.topk, args.steps, args.seed))
+        _progress(i + 1, len(jobs), "simulate")
+    if args.plot:
+        _plot_simulate(args.plot, models[0], args.budget[0], cost, args.depth, args.topk)
+    if args.json:
+        out = {"cost": dataclasses.asdict(cost), "steps": args.steps, "rows": rows}
+        print(json.dumps(out, indent=2))
+        return 0
+    print(
+        f"cost: t_target(N) = {cost.t_target_ms:g} ms x max(1, {cost.concurrency} N / "
+        f"{cost.knee_tokens:g}), t_draft = {cost.t_draft_ms:g} ms/step, "
+        f"t_host = {cost.t_host_ms:.4g} ms"
+    )
+    w = max(24, *(len(r["model"]) for r in rows))
+    head = (
+        f"{'model':<{w}} {'N':>3}  {'shape':<6} {'depth':>5} {'leaves':>6} "
+        f"{'E[tokens]':>9} {'simulated (95% CI)':>24} {'speed-up':>8}"
+    )
+    print(head)
+    print("-" * len(head))
+    for row in rows:
+        for name in ("chain", "tree"):
+            e = row[name]
+            simulated = ""
+            if "simulated" in e:
+                lo, hi = e["simulated"]["ci95"]
+                simulated = f"{e['simulated']['mean_tokens']:.3f} [{lo:.3f}, {hi:.3f}]"
+            print(
+                f"{row['model']:<{w}} {row['budget']:>3}  {name:<6} {e['depth']:>5} "
+                f"{e['leaves']:>6} {e['expected_tokens']:>9.3f} {simulated:>24} "
+                f"{e['speedup']:>7.2f}x"
+            )
+    return 0
+
+
+def _require_matplotlib() -> Any:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise ValueError("--plot needs matplotlib: pip install 'specsched[plot]'") from None
+    return plt
+
+
+def _plot_simulate(
+    path: str,
+    model: Acceptance,
+    budget: int,
+    cost: CostModel,
+    depth: int | None,
+    topk: int | None,
+) -> None:
+    """Left: speed-up vs iid acceptance, chain and tree at `budget`. Right: expected tokens vs
+    budget for `model`, chain and tree."""
+    plt = _require_matplotlib()
+    alphas = np.linspace(0.3, 0.95, 27)
+    chain_s, tree_s = [], []
+    for a in alphas:
+        m = Acceptance.iid(float(a))
+        tree = sim.best_tree(m, budget, depth, topk)
+        chain_s.append(
+            sim.speedup(sim.expected_tokens_chain(a, budget - 1), budget, budget - 1, cost)
+        )
+        e = sim.expected_accept_length(tree, m)
+        tree_s.append(sim.speedup(e, tree.num_nodes, tree.max_depth, cost))
+    budgets = [b for b in range(2, 65) if model.kind != "per_depth" or b - 1 <= len(model.values)]
+    chain_e = [sim.expected_accept_length(b - 1, model) for b in budgets]
+    tree_e = [
+        sim.expected_accept_length(sim.best_tree(model, b, depth, topk), model) for b in budgets
+    ]
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
+    ax1.plot(alphas, chain_s, label=f"chain ({budget - 1} drafts)")
+    ax1.plot(alphas, tree_s, label=f"best tree (N = {budget})")
+    ax1.axhline(1.0, color="grey", lw=0.8, ls=":")
+    ax1.set_xlabel("acceptance rate (iid per token)")
+    ax1.set_ylabel("wall-clock speed-up")
+    ax1.set_title(f"speed-up at equal verify budget N = {budget}")
+    ax1.legend()
+    ax2.plot(budgets, chain_e, label="chain")
+    ax2.plot(budgets, tree_e, label="best tree")
+    ax2.set_xlabel("verify budget N (nodes, root included)")
+    ax2.set_ylabel("expected tokens per step")
+    ax2.set_title(f"accepted length vs budget ({model.describe()})")
+    ax2.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    print(f"wrote {path}", file=sys.stderr)
+
+
+# --------------------------------------------------------------------------- decide
+
+_FLAG_FIELDS = [f for f in dataclasses.fields(Profile) if f.name != "classes"]
+
+
+def _workload_class(text: str) -> dict[str, float]:
+    try:
+        share, prompt, output = (float(x) for x in text.split(":"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected SHARE:PROMPT_TOKENS:OUTPUT_TOKENS, got {text!r}"
+        ) from None
+    return {"share": share, "prompt_tokens": prompt, "output_tokens": output}
+
+
+def add_decide_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "decide",
+        help="recommend a speculation method for a workload",
+        description="Recommend off / n-gram / suffix / EAGLE-3 chain / EAGLE-3 tree for a "
+        "workload profile (a TOML or JSON file, flags, or both: flags win).",
+    )
+    p.add_argument("--profile", metavar="FILE", help="a .toml or .json profile")
+    p.add_argument(
+        "--class",
+        dest="classes",
+        action="append",
+        type=_workload_class,
+        metavar="SHARE:PROMPT:OUTPUT",
+        help="a request class of a mixed workload (repeat), e.g. 0.9:500:10",
+    )
+    for f in _FLAG_FIELDS:
+        flag = "--" + f.name.replace("_", "-")
+        if f.type in ("bool", bool):
+            p.add_argument(flag, dest=f.name, action="store_true", default=None)
+        elif f.name == "engine":
+            p.add_argument(flag, dest=f.name, default=None)
+        elif f.name == "concurrency":
+            p.add_argument(flag, dest=f.name, type=int, default=None)
+        else:
+            p.add_argument(flag, dest=f.name, type=float, default=None)
+    p.add_argument(
+        "--measure-host", action="store_true", help="host_overhead_ms = specsched's measured work"
+    )
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--plot", metavar="FILE.png", help="speed-up vs EAGLE-3 acceptance")
+
+
+def _profile_from_args(args: argparse.Namespace) -> Profile:
+    data: dict[str, Any] = {}
+    if args.profile:
+        data = dataclasses.asdict(load_profile(args.profile))
+        data = {k: v for k, v in data.items() if v is not None}
+    flags = {f.name: getattr(args, f.name) for f in _FLAG_FIELDS}
+    data.update({k: v for k, v in flags.items() if v is not None})
+    if args.classes:
+        data["classes"] = args.classes
+        data.pop("prompt_tokens", None)
+        data.pop("output_tokens", None)
+    if "classes" in data and ("prompt_tokens" in data or "output_tokens" in data):
+        data.pop("classes")
+    if args.measure_host:
+        # Specsched's work for a 16-node tree per request at this concurrency.
+        b = int(data.get("concurrency", 1))
+        tree = sim.best_tree(Acceptance.iid(0.8), 16, 6, 4)
+        data["host_overhead_ms"] = sim.measure_host_overhead(tree, b)
+    return Profile.from_dict(data)
+
+
+def decide_command(args: argparse.Namespace) -> int:
+    profile = _profile_from_args(args)
+    rec = decide(profile)
+    if args.plot:
+        _plot_decide(args.plot, profile)
+    if args.json:
+        print(json.dumps(rec.to_dict(), indent=2))
+    else:
+        print(rec)
+    return 0
+
+
+def _plot_decide(path: str, profile: Profile) -> None:
+    """Expected speed-up of every candidate as the EAGLE-3 acceptance varies."""
+    plt = _require_matplotlib()
+    alphas = [round(a, 3) for a in np.linspace(0.5, 0.95, 19)]
+    series: dict[str, list[float]] = {}
+    for i, a in enumerate(alphas):
+        p = dataclasses.replace(profile, eagle3_acceptance=a, eagle3_head=True)
+        for c in decide(p).candidates:
+            if c.excluded is None:
+                series.setdefault(c.method, []).append(c.speedup)
+        _progress(i + 1, len(alphas), "decide sweep")
+    fig, ax = plt.subplots(figsize=(6.5, 4.2))
+    for method, ys in series.items():
+        if len(ys) == len(alphas):
+            ax.plot(alphas, ys, label=method)
+    ax.axhline(1.0, color="grey", lw=0.8, ls=":")
+    ax.set_xlabel("EAGLE-3 acceptance (first draft token)")
+    ax.set_ylabel("end-to-end speed-up")
+    ax.set_title(f"concurrency {profile.concurrency}, best configuration per method")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    print(f"wrote {path}", file=sys.stderr)
+
+
+__all__ = [
+    "add_decide_parser",
+    "add_simulate_parser",
+    "decide_command",
+    "simulate_command",
+]

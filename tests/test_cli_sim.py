@@ -1,0 +1,141 @@
+"""`specsched simulate` / `specsched decide`: outputs, JSON, plots, exit codes and one-line
+error messages (in-process through `main`, and once through the installed entry point)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from specsched import sim
+from specsched.cli import main
+
+
+def needs_toml() -> None:
+    """TOML profiles need Python 3.11's tomllib, or tomli on 3.10."""
+    if sys.version_info < (3, 11) and importlib.util.find_spec("tomli") is None:
+        pytest.skip("reading TOML needs Python 3.11+ or tomli")
+
+
+def run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    try:
+        code = main(argv)
+    except SystemExit as e:  # argparse usage errors
+        code = int(e.code or 0)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_simulate_table(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(["simulate", "--per-rank", "0.6,0.2,0.1", "--budget", "8"], capsys)
+    assert code == 0
+    lines = [ln for ln in out.splitlines() if ln.startswith("per_rank")]
+    assert [ln.split()[5] for ln in lines] == ["chain", "tree"]
+    e_chain = sim.expected_accept_length(7, sim.Acceptance.per_rank([0.6, 0.2, 0.1]))
+    assert f"{e_chain:.3f}" in lines[0]
+
+
+def test_simulate_json_sweep(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["simulate", "--alpha", "0.6,0.85", "--budget", "4,16", "--steps", "20000", "--json"]
+    code, out, err = run(argv, capsys)
+    assert code == 0
+    data = json.loads(out)
+    assert len(data["rows"]) == 4
+    row = data["rows"][1]  # alpha 0.6, N = 16
+    assert row["budget"] == 16
+    assert row["chain"]["expected_tokens"] == pytest.approx(sim.expected_tokens_chain(0.6, 15))
+    assert row["tree"]["expected_tokens"] >= row["chain"]["expected_tokens"]
+    lo, hi = row["tree"]["simulated"]["ci95"]
+    assert lo < hi and sum(row["tree"]["simulated"]["accepted_histogram"]) == 20000
+    assert "simulate [" in err and "4/4" in err  # progress on stderr, not stdout
+
+
+def test_decide_flags_and_json(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["decide", "--prompt-tokens", "200", "--output-tokens", "500", "--eagle3-head"]
+    code, out, _ = run([*argv, "--json"], capsys)
+    assert code == 0
+    data = json.loads(out)
+    assert data["method"] == "eagle3_tree"
+    assert set(data["config"]) == {"topk", "depth", "budget"}
+    assert data["speedup_range"][0] <= data["speedup"] <= data["speedup_range"][1]
+    code, out, _ = run(argv, capsys)
+    assert code == 0 and out.startswith("recommendation: eagle3_tree") and "reasons:" in out
+
+
+def test_decide_profile_file_and_classes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    needs_toml()
+    prof = tmp_path / "w.toml"
+    prof.write_text("prompt_tokens = 2000\noutput_tokens = 300\nchunked_prefill = true\n")
+    code, out, _ = run(["decide", "--profile", str(prof), "--eagle3-head", "--json"], capsys)
+    assert code == 0 and json.loads(out)["method"] in ("ngram", "off")
+    argv = ["decide", "--class", "0.9:500:10", "--class", "0.1:500:500", "--eagle3-head"]
+    code, out, _ = run(argv, capsys)
+    assert code == 0 and "85% of output tokens" in out
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["simulate", "--alpha", "1.5"], "alpha: 1.5 is not a probability"),
+        (["simulate", "--alpha", "x"], "argument --alpha"),
+        (["simulate", "--budget", "0"], "--budget"),
+        (["simulate", "--per-rank", "0.7,0.6"], "per_rank"),
+        (["simulate", "--per-depth", "0.9", "--budget", "8"], "covers 1 depths"),
+        (["simulate", "--t-target", "-1"], "t_target_ms"),
+        (["simulate", "--alpha", "0.5", "--per-rank", "0.5"], "not allowed with"),
+        (["decide", "--prompt-tokens", "-5", "--output-tokens", "9"], "prompt_tokens"),
+        (["decide", "--output-tokens", "9"], "prompt_tokens: required"),
+        (["decide", "--profile", "/nonexistent/p.toml"], "cannot read"),
+        (["decide", "--class", "0.5:1"], "SHARE:PROMPT_TOKENS:OUTPUT_TOKENS"),
+        (["decide", "--class", "0.5:10:10"], "shares sum to 0.5"),
+        (["nonsense"], "invalid choice"),
+    ],
+)
+def test_bad_input_is_one_line_and_nonzero(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, err = run(argv, capsys)
+    assert code == 2
+    assert message in err
+    assert len(err.strip().splitlines()) == 1, err
+    assert "Traceback" not in err and out == ""
+
+
+def test_unknown_profile_field_from_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    prof = tmp_path / "p.json"
+    prof.write_text(json.dumps({"prompt_tokens": 1, "output_tokens": 2, "concurency": 8}))
+    code, _, err = run(["decide", "--profile", str(prof)], capsys)
+    assert code == 2 and "concurency: unknown profile field" in err
+
+
+def test_plots(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("matplotlib")
+    a, b = tmp_path / "sim.png", tmp_path / "decide.png"
+    code, _, err = run(["simulate", "--alpha", "0.8", "--steps", "0", "--plot", str(a)], capsys)
+    assert code == 0 and a.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    argv = ["decide", "--prompt-tokens", "100", "--output-tokens", "400", "--plot", str(b)]
+    code, _, err = run(argv, capsys)
+    assert code == 0 and b.stat().st_size > 1000 and "decide sweep" in err
+
+
+@pytest.mark.skipif(shutil.which("specsched") is None, reason="entry point not installed")
+def test_entry_point_exit_code() -> None:
+    bad = subprocess.run(
+        ["specsched", "decide", "--eagle3-acceptance", "2"], capture_output=True, text=True
+    )
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr
+    assert len(bad.stderr.strip().splitlines()) == 1
+    ok = subprocess.run(
+        ["specsched", "simulate", "--alpha", "0.85", "--budget", "6", "--steps", "1000"],
+        capture_output=True,
+        text=True,
+    )
+    assert ok.returncode == 0 and "chain" in ok.stdout

@@ -1,0 +1,264 @@
+"""specsched.decide: a table of workload profiles with the expected recommendation and the
+reason that must carry it; the combination of mixed workloads; the published ranges; bad
+profiles naming their field."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import specsched as ss
+from specsched import sim
+from specsched.decide import Profile, ProfileError, Recommendation, decide, load_profile
+
+DECODE_HEAVY = {"prompt_tokens": 200, "output_tokens": 500}
+
+# (name, profile, expected method, substrings that must appear in the reasons)
+TABLE: list[tuple[str, dict[str, Any], str, list[str]]] = [
+    (
+        "decode-heavy, batch 1, EAGLE-3 head: a wide tree",
+        {**DECODE_HEAVY, "eagle3_head": True},
+        "eagle3_tree",
+        ["decode-heavy", "tree over chain"],
+    ),
+    (
+        "no EAGLE-3 head: n-gram",
+        {**DECODE_HEAVY, "ngram_hit_rate": 0.4},
+        "ngram",
+        ["EAGLE-3 excluded: no EAGLE-3 draft head"],
+    ),
+    (
+        "chunked prefill on vLLM 0.18.0 rules EAGLE-3 out: n-gram",
+        {
+            "prompt_tokens": 2000,
+            "output_tokens": 300,
+            "eagle3_head": True,
+            "chunked_prefill": True,
+            "ngram_hit_rate": 0.5,
+            "concurrency": 4,
+        },
+        "ngram",
+        ["cannot run EAGLE-3 with chunked prefill"],
+    ),
+    (
+        "the same on SGLang keeps EAGLE-3",
+        {
+            "prompt_tokens": 2000,
+            "output_tokens": 300,
+            "eagle3_head": True,
+            "chunked_prefill": True,
+            "ngram_hit_rate": 0.5,
+            "concurrency": 4,
+            "engine": "sglang",
+        },
+        "eagle3_tree",
+        ["tree over chain"],
+    ),
+    (
+        "concurrency 128: verify cost grows with N, the tree shrinks to a short chain",
+        {**DECODE_HEAVY, "eagle3_head": True, "concurrency": 128},
+        "eagle3_chain",
+        ["concurrency 128", "compute-bound", "chain over tree"],
+    ),
+    (
+        "concurrency 256: speculation turns off",
+        {**DECODE_HEAVY, "eagle3_head": True, "concurrency": 256},
+        "off",
+        ["min_speedup"],
+    ),
+    (
+        "prefill-heavy at concurrency 32: off",
+        {"prompt_tokens": 8000, "output_tokens": 50, "eagle3_head": True, "concurrency": 32},
+        "off",
+        ["prefill-heavy", "no method can beat"],
+    ),
+    (
+        "agentic, repetitive output: suffix decoding",
+        {
+            "prompt_tokens": 3000,
+            "output_tokens": 800,
+            "suffix_hit_rate": 0.8,
+            "suffix_acceptance": 0.8,
+            "ngram_hit_rate": 0.4,
+        },
+        "suffix",
+        ["suffix (num_speculative_tokens="],
+    ),
+    (
+        "not enough memory for the EAGLE-3 head",
+        {**DECODE_HEAVY, "eagle3_head": True, "memory_headroom_gb": 0.5, "ngram_hit_rate": 0.4},
+        "ngram",
+        ["memory headroom 0.5 GB"],
+    ),
+    (
+        "mixed 90% x 10 tokens / 10% x 500 tokens",
+        {
+            "classes": [
+                {"share": 0.9, "prompt_tokens": 500, "output_tokens": 10},
+                {"share": 0.1, "prompt_tokens": 500, "output_tokens": 500},
+            ],
+            "eagle3_head": True,
+        },
+        "eagle3_tree",
+        ["combined by token share", "= 15% of output tokens", "= 85% of output tokens"],
+    ),
+]
+
+
+def needs_toml() -> None:
+    """TOML profiles need Python 3.11's tomllib, or tomli on 3.10."""
+    if sys.version_info < (3, 11) and importlib.util.find_spec("tomli") is None:
+        pytest.skip("reading TOML needs Python 3.11+ or tomli")
+
+
+@pytest.mark.parametrize(("name", "profile", "method", "reasons"), TABLE, ids=[t[0] for t in TABLE])
+def test_decision_table(
+    name: str, profile: dict[str, Any], method: str, reasons: list[str]
+) -> None:
+    rec = decide(profile)
+    assert isinstance(rec, Recommendation)
+    text = "\n".join(rec.reasons)
+    assert rec.method == method, f"{name}: got {rec.method}\n{text}"
+    for r in reasons:
+        assert r in text, f"{name}: missing {r!r} in\n{text}"
+    # Every recommendation carries numbers: a speed-up, its range, and per-candidate reasons.
+    lo, hi = rec.speedup_range
+    assert lo <= rec.speedup <= hi
+    assert any("x end to end" in r for r in rec.reasons)
+    if method != "off":
+        assert rec.speedup >= 1.1 and rec.config
+        assert rec.speedup == max(c.speedup for c in rec.candidates if c.excluded is None)
+    d = rec.to_dict()
+    assert json.loads(json.dumps(d))["method"] == method
+
+
+def test_published_ranges_at_batch_one() -> None:
+    """EAGLE-3 ~2.5-3.5x on Llama 3.3 70B at ~88% acceptance, n-gram ~1.2-1.5x."""
+    rec = decide({**DECODE_HEAVY, "eagle3_head": True})
+    by = {c.method: c for c in rec.candidates}
+    assert 2.5 <= by["eagle3_chain"].speedup <= 3.5
+    assert 1.2 <= by["ngram"].speedup <= 1.5
+    # A chain of ~4 drafts at 88% accepts ~3.2 tokens plus the bonus.
+    assert by["eagle3_chain"].config["num_speculative_tokens"] in (4, 5, 6)
+
+
+def test_speedup_falls_as_concurrency_rises() -> None:
+    speeds = [
+        decide({**DECODE_HEAVY, "eagle3_head": True, "concurrency": b}).speedup
+        for b in (1, 16, 64, 128, 256)
+    ]
+    assert speeds == sorted(speeds, reverse=True)
+    budgets = []
+    for b in (1, 32, 64):
+        rec = decide({**DECODE_HEAVY, "eagle3_head": True, "concurrency": b})
+        tree = next(c for c in rec.candidates if c.method == "eagle3_tree")
+        budgets.append(tree.config["budget"])
+    assert budgets == sorted(budgets, reverse=True) and budgets[0] > budgets[-1]
+
+
+def test_mixed_workload_is_combined_by_time() -> None:
+    """The mixed speed-up is total baseline time over total speculative time, class by class."""
+    classes = [
+        {"share": 0.9, "prompt_tokens": 500, "output_tokens": 10},
+        {"share": 0.1, "prompt_tokens": 500, "output_tokens": 500},
+    ]
+    p = Profile(classes=classes, ngram_hit_rate=0.5)
+    rec = decide(p)
+    ngram = next(c for c in rec.candidates if c.method == "ngram")
+    t1 = p.target_forward_ms
+    base = spec = 0.0
+    for c in classes:
+        prefill = c["prompt_tokens"] * t1 / p.knee_tokens
+        base += c["share"] * (prefill + (c["output_tokens"] - 1) * t1)
+        spec += c["share"] * (
+            prefill + (c["output_tokens"] - 1) * ngram.step_ms / ngram.expected_tokens
+        )
+    assert ngram.speedup == pytest.approx(base / spec, rel=1e-12)
+    # The mix gains less than its long class alone and more than its short class alone.
+    long_only = decide({"prompt_tokens": 500, "output_tokens": 500, "ngram_hit_rate": 0.5})
+    short_only = decide({"prompt_tokens": 500, "output_tokens": 10, "ngram_hit_rate": 0.5})
+    pick = lambda r: next(c for c in r.candidates if c.method == "ngram").speedup  # noqa: E731
+    assert pick(short_only) < ngram.speedup < pick(long_only)
+
+
+def test_ngram_expected_tokens_use_the_chain_formula() -> None:
+    rec = decide({**DECODE_HEAVY, "ngram_hit_rate": 0.4, "ngram_acceptance": 0.6})
+    ngram = next(c for c in rec.candidates if c.method == "ngram")
+    g = ngram.config["num_speculative_tokens"]
+    assert ngram.expected_tokens == pytest.approx(0.4 * sim.expected_tokens_chain(0.6, g) + 0.6)
+
+
+def test_profile_files(tmp_path: Path) -> None:
+    needs_toml()
+    toml = tmp_path / "p.toml"
+    toml.write_text(
+        "concurrency = 4\neagle3_head = true\n\n"
+        "[[classes]]\nshare = 0.5\nprompt_tokens = 100\noutput_tokens = 300\n\n"
+        "[[classes]]\nshare = 0.5\nprompt_tokens = 4000\noutput_tokens = 50\n"
+    )
+    p = load_profile(toml)
+    assert p.concurrency == 4 and len(p.workload()) == 2
+    assert ss.decide(str(toml)).method == decide(p).method
+    js = tmp_path / "p.json"
+    js.write_text(json.dumps({**DECODE_HEAVY, "eagle3_head": True}))
+    assert decide(js).method == "eagle3_tree"
+
+
+@pytest.mark.parametrize(
+    ("profile", "field"),
+    [
+        ({**DECODE_HEAVY, "bogus": 1}, "bogus: unknown profile field"),
+        ({"prompt_tokens": -1, "output_tokens": 10}, "prompt_tokens"),
+        ({"prompt_tokens": 10}, "output_tokens: required"),
+        ({"prompt_tokens": 10, "output_tokens": 0}, "output_tokens"),
+        ({**DECODE_HEAVY, "concurrency": 0}, "concurrency"),
+        ({**DECODE_HEAVY, "concurrency": 2.5}, "concurrency"),
+        ({**DECODE_HEAVY, "eagle3_acceptance": 1.2}, "eagle3_acceptance"),
+        ({**DECODE_HEAVY, "ngram_hit_rate": -0.1}, "ngram_hit_rate"),
+        ({**DECODE_HEAVY, "target_forward_ms": 0}, "target_forward_ms"),
+        ({**DECODE_HEAVY, "knee_tokens": -3}, "knee_tokens"),
+        ({**DECODE_HEAVY, "engine": "vllm-9"}, "engine"),
+        ({**DECODE_HEAVY, "chunked_prefill": "yes"}, "chunked_prefill"),
+        ({"classes": []}, "classes"),
+        (
+            {"classes": [{"share": 1.0, "prompt_tokens": 5, "output_tokens": -3}]},
+            r"classes[0].output_tokens",
+        ),
+        (
+            {
+                "classes": [
+                    {"share": 0.5, "prompt_tokens": 5, "output_tokens": 3},
+                    {"share": 0.2, "prompt_tokens": 5, "output_tokens": 3},
+                ]
+            },
+            "shares sum to 0.7",
+        ),
+        (
+            {"classes": [{"share": 1.0, "prompt_tokens": 5, "output_tokens": 3, "x": 1}]},
+            "classes[0].x: unknown field",
+        ),
+        ({**DECODE_HEAVY, "classes": [{"share": 1.0}]}, "classes: give either"),
+    ],
+)
+def test_bad_profiles_name_the_field(profile: dict[str, Any], field: str) -> None:
+    with pytest.raises(ProfileError) as e:
+        decide(profile)
+    assert field in str(e.value)
+    assert isinstance(e.value, ValueError)
+
+
+def test_bad_files(tmp_path: Path) -> None:
+    bad = tmp_path / "p.json"
+    bad.write_text("{not json")
+    with pytest.raises(ProfileError, match="not valid JSON"):
+        load_profile(bad)
+    with pytest.raises(ProfileError, match="must end in"):
+        load_profile(tmp_path / "p.yaml")
+    with pytest.raises(ProfileError, match="cannot read"):
+        load_profile(tmp_path / "missing.toml")
+    with pytest.raises(ProfileError, match="profile"):
+        decide(42)  # type: ignore[arg-type]

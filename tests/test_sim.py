@@ -1,0 +1,241 @@
+"""specsched.sim: formulas against hand-computed values and the reference, the simulator
+against the analytic model (within its confidence interval), reproducibility by seed and
+independence of the thread count, the cost model, and bad input."""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+
+import numpy as np
+import pytest
+import specsched as ss
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from specsched import reference as ref
+from specsched import sim
+from specsched.sim import Acceptance, CostModel
+from strategies import parent_lists
+
+
+def test_chain_formula_hand_values() -> None:
+    # (1 - 0.85^5) / 0.15 = (1 - 0.4437053125) / 0.15
+    assert sim.expected_tokens_chain(0.85, 4) == pytest.approx(3.708631250, abs=1e-9)
+    assert sim.expected_tokens_chain(0.5, 1) == pytest.approx(1.5)
+    assert sim.expected_tokens_chain(0.5, 3) == pytest.approx(1.875)
+    assert sim.expected_tokens_chain(1.0, 4) == 5.0
+    assert sim.expected_tokens_chain(0.0, 7) == 1.0
+    assert sim.expected_tokens_chain(0.9, 0) == 1.0
+
+
+@pytest.mark.parametrize("alpha", [0.0, 0.3, 0.85, 0.99, 1.0])
+@pytest.mark.parametrize("gamma", [0, 1, 4, 12])
+def test_chain_formula_equals_tree_sum_and_reference(alpha: float, gamma: int) -> None:
+    closed = sim.expected_tokens_chain(alpha, gamma)
+    assert closed == pytest.approx(ref.chain_expected_tokens(alpha, gamma), rel=1e-12)
+    assert sim.expected_accept_length(gamma, alpha) == pytest.approx(closed, rel=1e-12)
+    assert sim.expected_accept_length(sim.chain_tree(gamma), alpha) == pytest.approx(closed)
+
+
+def test_tree_expectation_hand_values() -> None:
+    # root -> {1, 2}; 1 -> {3}
+    t = ss.Tree([-1, 0, 0, 1], [0, 0, 1, 0])
+    # per rank [0.6, 0.3]: 1 + 0.6 + 0.3 + 0.6 * 0.6
+    assert sim.expected_accept_length(t, Acceptance.per_rank([0.6, 0.3])) == pytest.approx(2.26)
+    # iid 0.5: rank 0 -> 0.5, rank 1 -> 0.25: 1 + 0.5 + 0.25 + 0.25
+    assert sim.expected_accept_length(t, 0.5) == pytest.approx(2.0)
+    # per depth [0.5, 0.9]: 1 + 0.5 + 0.25 + 0.45
+    assert sim.expected_accept_length(t, Acceptance.per_depth([0.5, 0.9])) == pytest.approx(2.2)
+    # table [[0.6, 0.3], [0.5]]: 1 + 0.6 + 0.3 + 0.3
+    assert sim.expected_accept_length(t, Acceptance.table([[0.6, 0.3], [0.5]])) == pytest.approx(
+        2.2
+    )
+    np.testing.assert_allclose(
+        sim.path_probabilities(t, Acceptance.per_rank([0.6, 0.3])), [1.0, 0.6, 0.3, 0.36]
+    )
+
+
+MODELS = [
+    Acceptance.iid(0.7),
+    Acceptance.per_depth([0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2] * 4),
+    Acceptance.per_rank([0.5, 0.2, 0.1]),
+    Acceptance.table([[0.6, 0.2], [0.5, 0.3, 0.1]] * 16),
+]
+
+
+@settings(max_examples=40, deadline=None)
+@given(parents=parent_lists(max_nodes=24), which=st.integers(0, len(MODELS) - 1))
+def test_expected_tokens_match_reference(parents: list[int], which: int) -> None:
+    m = MODELS[which]
+    t = ss.Tree(parents, [0] * len(parents))
+    values = m.core_values() if m.kind == "table" else list(m.values)
+    want = ref.sim_expected_tokens(parents, m.kind, values)
+    assert sim.expected_accept_length(t, m) == pytest.approx(want, rel=1e-12)
+    np.testing.assert_allclose(
+        sim.path_probabilities(t, m), ref.sim_path_probs(parents, m.kind, values), rtol=1e-12
+    )
+
+
+@settings(max_examples=15, deadline=None)
+@given(parents=parent_lists(max_nodes=16), which=st.integers(0, len(MODELS) - 1))
+def test_simulation_is_bit_identical_to_the_reference_twin(parents: list[int], which: int) -> None:
+    m = MODELS[which]
+    t = ss.Tree(parents, [0] * len(parents))
+    values = m.core_values() if m.kind == "table" else list(m.values)
+    # Two chunks, the second partial: the per-chunk streams must line up too.
+    steps = 16384 + 300
+    r = sim.simulate(t, m, steps, seed=11)
+    assert r.histogram.tolist() == ref.sim_simulate(parents, m.kind, values, steps, 11)
+
+
+@pytest.mark.parametrize("model", MODELS, ids=lambda m: m.kind)
+def test_simulation_agrees_with_the_analytic_model(model: Acceptance) -> None:
+    tree = sim.best_tree(model, 32, 8, 3)
+    r = sim.simulate(tree, model, 200_000, seed=3)
+    exact = sim.expected_accept_length(tree, model)
+    lo, hi = r.ci95
+    # A 99.9% interval so the test is not flaky across models (the seed is fixed anyway).
+    half = (hi - lo) / 2 * 3.29 / 1.96
+    assert abs(r.mean_tokens - exact) < half, (r.mean_tokens, exact, half)
+    assert r.histogram.sum() == r.steps == 200_000
+    assert r.accepted_distribution.sum() == pytest.approx(1.0)
+    assert sum(r.tokens_distribution.values()) == pytest.approx(1.0)
+    assert min(r.tokens_distribution) == 1
+
+
+def test_chain_distribution_is_geometric() -> None:
+    r = sim.simulate(3, 0.5, 400_000, seed=1)
+    np.testing.assert_allclose(r.accepted_distribution, [0.5, 0.25, 0.125, 0.125], atol=0.004)
+    assert r.std == pytest.approx(
+        math.sqrt(sum(p * (k - 0.875) ** 2 for k, p in enumerate([0.5, 0.25, 0.125, 0.125]))),
+        rel=0.01,
+    )
+
+
+def test_reproducible_by_seed_and_independent_of_threads() -> None:
+    tree = sim.best_tree(Acceptance.iid(0.75), 64, 10, 4)
+    runs = [sim.simulate(tree, 0.75, 300_000, seed=5, threads=n) for n in (1, 2, 3)]
+    runs.append(sim.simulate(tree, 0.75, 300_000, seed=5))
+    for r in runs[1:]:
+        np.testing.assert_array_equal(r.histogram, runs[0].histogram)
+    other = sim.simulate(tree, 0.75, 300_000, seed=6)
+    assert not np.array_equal(other.histogram, runs[0].histogram)
+
+
+def test_tokens_are_ignored_only_shape_matters() -> None:
+    a = ss.Tree([-1, 0, 0, 1], [5, 7, 7, 7])  # duplicate sibling tokens
+    b = ss.Tree([-1, 0, 0, 1], [0, 1, 2, 3])
+    m = Acceptance.per_rank([0.5, 0.4])
+    np.testing.assert_array_equal(
+        sim.simulate(a, m, 50_000, 2).histogram, sim.simulate(b, m, 50_000, 2).histogram
+    )
+
+
+def test_best_tree_beats_the_chain_at_equal_budget() -> None:
+    m = Acceptance.per_rank([0.6, 0.2, 0.1])
+    # At N = 4 the chain is best (0.6^3 = 0.216 > 0.2); from N = 8 the tree wins.
+    assert sim.best_tree(m, 4).parents.tolist() == [-1, 0, 1, 2]
+    for budget in (8, 16, 32):
+        tree = sim.best_tree(m, budget)
+        assert tree.num_nodes == budget
+        chain = sim.expected_accept_length(budget - 1, m)
+        assert sim.expected_accept_length(tree, m) > chain + 0.1
+    # A model that only ever accepts rank 0 gives the chain back.
+    tree = sim.best_tree(Acceptance.per_rank([0.8]), 6)
+    assert tree.parents.tolist() == [-1, 0, 1, 2, 3, 4]
+    limited = sim.best_tree(m, 64, max_depth=3, topk=2)
+    assert limited.max_depth <= 3 and limited.num_nodes <= 1 + 2 + 4 + 8
+
+
+def test_cost_model_and_speedup() -> None:
+    cost = CostModel(t_target_ms=30.0, knee_tokens=300.0, t_draft_ms=1.5, t_host_ms=0.1)
+    # Memory-bound: verifying 5 tokens costs what 1 does.
+    assert cost.t_target(5) == 30.0
+    e = sim.expected_tokens_chain(0.85, 4)
+    assert sim.speedup(e, 5, 4, cost) == pytest.approx(e * 30 / (30 + 4 * 1.5 + 0.1))
+    busy = CostModel(t_target_ms=30.0, knee_tokens=300.0, concurrency=100)
+    assert busy.t_target(1) == 30.0 and busy.t_target(6) == pytest.approx(60.0)
+    # At 100 concurrent requests, verifying 6 tokens doubles the step: a 1.9-token chain loses.
+    assert sim.speedup(1.9, 6, 0, busy) < 1.0
+
+
+def test_measure_host_overhead_is_positive_and_grows_with_batch() -> None:
+    tree = sim.best_tree(0.8, 16, 6, 4)
+    one = sim.measure_host_overhead(tree, 1, min_time=0.05)
+    many = sim.measure_host_overhead(tree, 64, min_time=0.05)
+    assert 0 < one < 50
+    assert many > one
+
+
+@pytest.mark.parametrize(
+    ("call", "match"),
+    [
+        (lambda: sim.expected_tokens_chain(1.2, 3), "alpha"),
+        (lambda: sim.expected_tokens_chain(float("nan"), 3), "alpha"),
+        (lambda: sim.expected_tokens_chain(0.5, -1), "gamma"),
+        (lambda: Acceptance.per_rank([0.7, 0.5]), "per_rank"),
+        (lambda: Acceptance.per_depth([0.5, -0.1]), r"per_depth\[1\]"),
+        (lambda: Acceptance.table([[0.5, 0.6]]), r"table\[0\]"),
+        (lambda: Acceptance("bogus", (0.5,)), "kind"),  # type: ignore[arg-type]
+        (
+            lambda: sim.expected_accept_length(
+                ss.Tree.chain([0, 1, 2]), Acceptance.per_depth([0.5])
+            ),
+            "2 deep",
+        ),
+        (lambda: sim.best_tree(0.5, 0), "budget"),
+        (lambda: sim.simulate(3, 0.5, 0), "steps"),
+        (lambda: sim.simulate(3, 0.5, 10, seed=-1), "seed"),
+        (lambda: sim.simulate(3, 0.5, 10, threads=0), "threads"),
+        (lambda: CostModel(t_target_ms=0), "t_target_ms"),
+        (lambda: CostModel(t_target_ms=10, t_host_ms=-1), "t_host_ms"),
+        (lambda: sim.speedup(0.5, 4, 3, CostModel(10)), "expected_tokens"),
+    ],
+)
+def test_bad_input_names_the_argument(call, match) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(ValueError, match=match):
+        call()
+
+
+def test_bad_types() -> None:
+    with pytest.raises(TypeError, match="model"):
+        sim.expected_accept_length(3, "0.5")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="tree"):
+        sim.simulate([0, 1], 0.5)  # type: ignore[arg-type]
+
+
+def test_simulate_releases_the_gil() -> None:
+    """While a thread simulates, Python keeps running in another thread: the largest gap
+    between this thread's heartbeats stays a small fraction of the call."""
+    tree = sim.best_tree(0.8, 64, 8, 4)
+
+    def gap() -> float:
+        barrier = threading.Barrier(2)
+        done = threading.Event()
+        span: list[float] = []
+
+        def worker() -> None:
+            barrier.wait()
+            t0 = time.perf_counter()
+            sim.simulate(tree, 0.8, 1_000_000, seed=1, threads=1)
+            span.extend([t0, time.perf_counter()])
+            done.set()
+
+        th = threading.Thread(target=worker)
+        th.start()
+        barrier.wait()
+        beats = []
+        while not done.is_set():
+            beats.append(time.perf_counter())
+        th.join()
+        t0, t1 = span
+        inside = [t0, *(b for b in beats if t0 < b < t1), t1]
+        return float(max(np.diff(inside)) / (t1 - t0))
+
+    ratios = []
+    for _ in range(3):  # retries absorb a rare long preemption of the heartbeat thread
+        ratios.append(gap())
+        if ratios[-1] < 0.5:
+            break
+    assert min(ratios) < 0.5, f"Python was blocked during simulate: {ratios}"
