@@ -644,3 +644,9 @@ def test_commit_slots_hand_case_and_errors():
         ss.commit_slots(np.arange(5), "not a result")
     with pytest.raises(TypeError, match="result"):
         ss.commit_slots(np.arange(5), ss.Tree(P5, T5))
+
+
+def test_bool_prefix_is_refused() -> None:
+    r = ss.verify(ss.Tree([-1, 0, 0], [0, 1, 2]), target_tokens=[2, 0, 0])
+    with pytest.raises(TypeError, match="prefix_lens"):
+        ss.kv_compaction_plan(r, True)

@@ -625,3 +625,17 @@ def test_cuda_nan_and_errors(dtype):
         ss.compact_kv(torch.zeros(4, 2, device=dev), r, 0, 0)
     with pytest.raises(ValueError, match="seq_dim"):
         ss.compact_kv(torch.zeros(8, 2, device=dev), r, 0, 2)
+
+
+def test_device_reduction_on_a_non_cuda_device() -> None:
+    """Any non-CPU device takes the device path; its choices come back through .cpu()."""
+    tree = ss.Tree([-1, 0, 0, 1], [5, 6, 7, 8])
+    logits = torch.zeros(4, 10)
+    for row, best in enumerate([6, 8, 0, 2]):
+        logits[row, best] = 1.0
+    logits[2] = float("nan")  # node 2 is not on the accepted path
+    choice, nan_rows = _torch.device_argmax(logits)
+    assert choice.tolist()[:2] == [6, 8] and choice.tolist()[3] == 2
+    assert nan_rows.tolist() == [False, False, True, False]
+    with pytest.raises(TypeError, match="logits"):
+        ss.verify(tree, torch.zeros(4, 10, dtype=torch.float8_e4m3fn))

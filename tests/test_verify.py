@@ -727,3 +727,21 @@ def test_verify_from_logits_releases_the_gil(make):
     assert min(ratios) < 0.5, f"Python was blocked during verify: gap/call ratios {ratios}"
     for res in results:
         assert np.array_equal(res.num_accepted, want)
+
+
+def test_packed_record_fields_are_read_by_value() -> None:
+    """A field of a packed record array has strides that are not whole elements; it must be
+    read by value (here through a copy), never reinterpreted at the wrong offsets."""
+    packed = np.dtype({"names": ["b"], "formats": ["<i4"], "offsets": [0], "itemsize": 6})
+    tokens = np.zeros(4, packed)
+    tokens["b"] = [5, 6, 7, 8]
+    tree = ss.Tree([-1, 0, 0, 1], tokens["b"])
+    assert tree.tokens.tolist() == [5, 6, 7, 8]
+    choice = np.zeros(4, packed)
+    choice["b"] = [6, 8, 0, 2]
+    r = ss.verify(tree, target_tokens=choice["b"])
+    assert r.tokens.tolist() == [6, 8, 2]
+    logits = np.zeros((4, 10), [("a", "u1"), ("b", "<f4")])
+    for row, best in enumerate([6, 8, 0, 2]):
+        logits["b"][row, best] = 1.0
+    assert ss.verify(tree, logits["b"]).tokens.tolist() == [6, 8, 2]

@@ -42,7 +42,12 @@ def cpu_view(t: torch.Tensor) -> tuple[np.ndarray, str | None]:
     t = t.detach()
     if t.dtype == torch.bfloat16:
         return t.view(torch.int16).numpy(), "bfloat16"
-    return t.numpy(), None
+    if not t.is_floating_point():
+        raise TypeError(f"logits: expected a floating-point tensor, got {t.dtype}")
+    try:
+        return t.numpy(), None
+    except TypeError as e:  # float8 and other formats numpy cannot hold
+        raise TypeError(f"logits: unsupported dtype {t.dtype} ({e})") from None
 
 
 def raw_cpu_view(t: torch.Tensor) -> np.ndarray:
@@ -76,22 +81,24 @@ def device_argmax(logits: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
     """Greedy choice of every row on the logits' device: `(choice int64 [T], nan bool [T])`.
 
     torch's argmax picks the first maximum and treats NaN as the maximum, so gathering the
-    picked value tells, per row, whether the row holds a NaN; both travel in one transfer.
+    picked value tells, per row, whether the row holds a NaN. The flag rides in the choice's
+    sign (`-1 - choice` for a NaN row), so exactly `T` int64 cross to the host, in one transfer.
     """
     import torch
 
     with torch.no_grad():
         choice = torch.argmax(logits, dim=-1)
         nan = torch.isnan(logits.gather(-1, choice.unsqueeze(-1)).squeeze(-1))
-        packed = torch.stack([choice, nan.to(torch.int64)])
-        if packed.device.type == "cuda":
-            host = torch.empty(packed.shape, dtype=torch.int64, pin_memory=True)
-            host.copy_(packed, non_blocking=True)
-            torch.cuda.current_stream(packed.device).synchronize()
+        encoded = torch.where(nan, -1 - choice, choice)
+        if encoded.device.type == "cuda":
+            host = torch.empty(encoded.shape, dtype=torch.int64, pin_memory=True)
+            host.copy_(encoded, non_blocking=True)
+            torch.cuda.current_stream(encoded.device).synchronize()
         else:
-            host = packed
+            host = encoded.cpu()
     out = host.numpy()
-    return out[0], out[1].astype(bool)
+    nan_rows = out < 0
+    return np.where(nan_rows, -1 - out, out), nan_rows
 
 
 def compact_on_device(cache: torch.Tensor, moves: tuple[Any, Any, Any, int, int]) -> None:
@@ -107,6 +114,11 @@ def compact_on_device(cache: torch.Tensor, moves: tuple[Any, Any, Any, int, int]
         return
     device = cache.device
     target = cache.detach()
+    # Moving bytes needs no arithmetic: index ops on an integer view of the same width work
+    # for every dtype, float8 included (whose index_copy_ torch does not implement).
+    width = _INT_OF_SIZE.get(target.element_size())
+    if width is not None and not target.is_complex():
+        target = target.view(getattr(torch, width))
     src_t = torch.as_tensor(src, device=device)
     dst_t = torch.as_tensor(dst, device=device)
     with torch.no_grad():

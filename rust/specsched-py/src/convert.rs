@@ -2,7 +2,7 @@
 //! Python user can act on, read-only views over Rust-owned arrays, and output buffers.
 
 use ndarray::{ArrayView, Dimension};
-use numpy::npyffi::flags::NPY_ARRAY_WRITEABLE;
+use numpy::npyffi::flags::{NPY_ARRAY_ALIGNED, NPY_ARRAY_WRITEABLE};
 use numpy::npyffi::{npy_intp, PY_ARRAY_API};
 use numpy::{
     Element, PyArray, PyArrayDescrMethods, PyArrayDyn, PyArrayMethods, PyReadonlyArray1,
@@ -36,10 +36,17 @@ impl<T> IntoPyResult<T> for specsched_core::Result<T> {
 /// `obj` as a numpy array: arrays as they are, anything else (lists, torch CPU tensors)
 /// through `numpy.asarray`, which shares memory whenever it can.
 pub fn as_ndarray<'py>(obj: &Bound<'py, PyAny>, arg: &str) -> PyResult<Bound<'py, PyUntypedArray>> {
-    if let Ok(a) = obj.cast::<PyUntypedArray>() {
-        return Ok(a.clone());
-    }
     let np = numpy::get_array_module(obj.py())?;
+    if let Ok(a) = obj.cast::<PyUntypedArray>() {
+        if element_strided(a) {
+            return Ok(a.clone());
+        }
+        // A field of a packed record array: its strides are not whole elements (or its data is
+        // unaligned), which no typed view can express. Such inputs are rare and small here
+        // (index arrays) or legitimately copied (a packed logits record); read a copy.
+        let copy = np.call_method1("ascontiguousarray", (a,))?;
+        return Ok(copy.cast_into::<PyUntypedArray>()?);
+    }
     // An empty list has no element type; numpy would call it float64 and the user would get a
     // dtype error for what is really an empty input.
     if obj.len().ok() == Some(0) && !obj.hasattr("dtype")? {
@@ -55,6 +62,14 @@ pub fn as_ndarray<'py>(obj: &Bound<'py, PyAny>, arg: &str) -> PyResult<Bound<'py
     converted.cast_into::<PyUntypedArray>().map_err(|_| {
         PyTypeError::new_err(format!("{arg}: expected an array, got {}", type_name(obj)))
     })
+}
+
+/// Aligned, with every stride a whole number of elements: what a typed view can address.
+fn element_strided(a: &Bound<'_, PyUntypedArray>) -> bool {
+    // SAFETY: reading the flags of a live PyArrayObject.
+    let aligned = unsafe { (*a.as_array_ptr()).fields.flags & NPY_ARRAY_ALIGNED != 0 };
+    let item = a.dtype().itemsize() as isize;
+    aligned && item > 0 && a.strides().iter().all(|s| s % item == 0)
 }
 
 pub fn type_name(obj: &Bound<'_, PyAny>) -> String {
@@ -161,6 +176,11 @@ pub enum Prefix {
 
 impl Prefix {
     pub fn extract(obj: &Bound<'_, PyAny>) -> PyResult<Prefix> {
+        if obj.is_instance_of::<pyo3::types::PyBool>() {
+            return Err(PyTypeError::new_err(
+                "prefix_lens: expected an int or a 1-D int array, got bool",
+            ));
+        }
         if let Ok(p) = obj.extract::<i64>() {
             return Ok(Prefix::All(p));
         }
