@@ -16,6 +16,7 @@ use crate::error::{Error, Result};
 pub trait Wide: Copy + PartialOrd + Send + Sync {
     const NEG_INF: Self;
     fn is_nan(self) -> bool;
+    fn to_f64(self) -> f64;
 }
 
 impl Wide for f32 {
@@ -24,6 +25,10 @@ impl Wide for f32 {
     fn is_nan(self) -> bool {
         self.is_nan()
     }
+    #[inline]
+    fn to_f64(self) -> f64 {
+        self as f64
+    }
 }
 
 impl Wide for f64 {
@@ -31,6 +36,10 @@ impl Wide for f64 {
     #[inline]
     fn is_nan(self) -> bool {
         self.is_nan()
+    }
+    #[inline]
+    fn to_f64(self) -> f64 {
+        self
     }
 }
 
@@ -227,6 +236,393 @@ impl LogitsView<'_> {
         };
         r.map(|i| i as i64)
             .ok_or_else(|| crate::verify::nan_row(row))
+    }
+
+    /// The processed distribution of `row` (see [`process_row`]) in `s.w`; returns its mass.
+    pub fn process(&self, row: usize, params: &SamplingParams, s: &mut Scratch) -> Result<f64> {
+        let r = match self {
+            LogitsView::F32(a) => process_row(a.index_axis(Axis(0), row), params, s),
+            LogitsView::F64(a) => process_row(a.index_axis(Axis(0), row), params, s),
+            LogitsView::F16(a) => process_row(a.index_axis(Axis(0), row), params, s),
+            LogitsView::BF16(a) => process_row(a.index_axis(Axis(0), row), params, s),
+        };
+        r.map_err(|issue| match issue {
+            RowIssue::Nan => crate::verify::nan_row(row),
+            RowIssue::NoFiniteLogit => Error::value(
+                "logits",
+                format!("row {row} has no finite logit; it defines no distribution"),
+            ),
+        })
+    }
+
+    /// The target's token at `row`: the argmax when `params` is greedy, else a draw from the
+    /// processed distribution with uniform `u`.
+    pub fn choose(&self, row: usize, params: &SamplingParams, u: f64) -> Result<i64> {
+        if params.is_greedy() {
+            return self.argmax(row);
+        }
+        with_scratch(|s| {
+            let total = self.process(row, params, s)?;
+            Ok(sample_weights(&s.w, total, u) as i64)
+        })
+    }
+}
+
+// ------------------------------------------------------------------------------------------
+// Sampling: target processing (temperature → top-k → top-p) and one draw per row.
+// ------------------------------------------------------------------------------------------
+
+/// Row sums of `draft_probs` may differ from 1 by at most this much (rows are then divided by
+/// their sum): float32 softmax outputs over 150k tokens sum to 1 within ~1e-5.
+pub const DRAFT_SUM_TOL: f64 = 1e-3;
+
+/// How one request turns its target logits into a distribution: temperature, then top-k, then
+/// top-p, as HF transformers' warpers and vLLM's sampler apply them.
+///
+/// - `temperature == 0`: greedy (argmax, ties to the lowest id); top-k/top-p are then moot.
+/// - temperature: `z_i = (l_i - max l) / T`.
+/// - top-k (`0` = off, `k >= V` keeps all): keep every token whose `z` is at least the k-th
+///   largest `z` counted with multiplicity; ties at the k-th value are all kept (HF's
+///   `TopKLogitsWarper` and vLLM's `apply_top_k_top_p` both compare with the k-th value).
+/// - top-p (`1` = off): on the top-k-renormalized distribution, sort descending by `z` with
+///   ties to the lower token id; token `i` is kept iff the probability mass of the tokens
+///   before it is `< p` (the smallest prefix whose mass reaches `p`; at least one token).
+/// - `+inf` logits: the row's mass is spread evenly over its `+inf` entries.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SamplingParams {
+    pub temperature: f64,
+    pub top_k: usize,
+    pub top_p: f64,
+}
+
+impl SamplingParams {
+    pub const GREEDY: SamplingParams = SamplingParams {
+        temperature: 0.0,
+        top_k: 0,
+        top_p: 1.0,
+    };
+
+    pub fn is_greedy(&self) -> bool {
+        self.temperature == 0.0
+    }
+
+    /// Validated parameters; `index` names the request in messages.
+    pub fn new(temperature: f64, top_k: i64, top_p: f64, index: usize) -> Result<Self> {
+        if !(temperature.is_finite() && temperature >= 0.0) {
+            return Err(Error::value(
+                "temperature",
+                format!("entry {index} is {temperature}; expected a finite value >= 0"),
+            ));
+        }
+        if top_k < 0 {
+            return Err(Error::value(
+                "top_k",
+                format!("entry {index} is {top_k}; expected >= 0 (0 or None = no top-k)"),
+            ));
+        }
+        if !(top_p > 0.0 && top_p <= 1.0) {
+            return Err(Error::value(
+                "top_p",
+                format!("entry {index} is {top_p}; expected a value in (0, 1]"),
+            ));
+        }
+        Ok(SamplingParams {
+            temperature,
+            top_k: usize::try_from(top_k).unwrap_or(usize::MAX),
+            top_p,
+        })
+    }
+
+    /// One parameter set per request from arrays of length 1 (broadcast) or `num_requests`.
+    pub fn per_request(
+        temperature: &[f64],
+        top_k: &[i64],
+        top_p: &[f64],
+        num_requests: usize,
+    ) -> Result<Vec<SamplingParams>> {
+        let len_ok = |arg: &'static str, n: usize| {
+            if n == 1 || n == num_requests {
+                Ok(())
+            } else {
+                Err(Error::value(
+                    arg,
+                    format!("has {n} entries; expected 1 or one per request ({num_requests})"),
+                ))
+            }
+        };
+        len_ok("temperature", temperature.len())?;
+        len_ok("top_k", top_k.len())?;
+        len_ok("top_p", top_p.len())?;
+        let pick = |n: usize, b: usize| if n == 1 { 0 } else { b };
+        (0..num_requests)
+            .map(|b| {
+                SamplingParams::new(
+                    temperature[pick(temperature.len(), b)],
+                    top_k[pick(top_k.len(), b)],
+                    top_p[pick(top_p.len(), b)],
+                    b,
+                )
+            })
+            .collect()
+    }
+}
+
+/// Per-thread buffers of the row kernels, reused across rows (a 128k-token row needs ~2 MiB).
+#[derive(Default)]
+pub struct Scratch {
+    /// Processed logits `z` (removed tokens `-inf`).
+    pub z: Vec<f64>,
+    /// Processed weights `exp(z)`, 0 for removed tokens; normalized in place by some rules.
+    pub w: Vec<f64>,
+    /// A draft row (normalized), for the rejection rules.
+    pub q: Vec<f64>,
+    cand: Vec<(f64, u32)>,
+    heap: std::collections::BinaryHeap<std::cmp::Reverse<TotalF64>>,
+}
+
+thread_local! {
+    static SCRATCH: std::cell::RefCell<Scratch> = std::cell::RefCell::new(Scratch::default());
+}
+
+/// Runs `f` with this thread's scratch buffers.
+pub fn with_scratch<R>(f: impl FnOnce(&mut Scratch) -> R) -> R {
+    SCRATCH.with(|s| f(&mut s.borrow_mut()))
+}
+
+#[derive(Clone, Copy, PartialEq)]
+struct TotalF64(f64);
+impl Eq for TotalF64 {}
+impl PartialOrd for TotalF64 {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for TotalF64 {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.0.total_cmp(&other.0)
+    }
+}
+
+/// Why a row has no distribution.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RowIssue {
+    Nan,
+    NoFiniteLogit,
+}
+
+/// Widens `row` into `s.z` and returns its maximum, or the issue.
+fn load_row<T: Logit>(
+    row: ArrayView1<'_, T>,
+    s: &mut Scratch,
+) -> std::result::Result<f64, RowIssue> {
+    s.z.clear();
+    s.z.reserve(row.len());
+    let mut m = f64::NEG_INFINITY;
+    let mut nan = false;
+    let mut push = |x: f64| {
+        nan |= x.is_nan();
+        m = if x > m { x } else { m };
+        s.z.push(x);
+    };
+    match row.as_slice() {
+        Some(xs) => xs.iter().for_each(|&x| push(x.widen().to_f64())),
+        None => row.iter().for_each(|&x| push(x.widen().to_f64())),
+    }
+    if nan {
+        return Err(RowIssue::Nan);
+    }
+    if m == f64::NEG_INFINITY {
+        return Err(RowIssue::NoFiniteLogit);
+    }
+    if m == f64::INFINITY {
+        for z in s.z.iter_mut() {
+            *z = if *z == f64::INFINITY {
+                0.0
+            } else {
+                f64::NEG_INFINITY
+            };
+        }
+        m = 0.0;
+    }
+    Ok(m)
+}
+
+/// The processed distribution of `row` under `params` (not greedy) as unnormalized weights
+/// `s.w` (0 for removed tokens); returns their sum `Z > 0`.
+///
+/// Cost: one pass to widen and find the maximum, one for `exp`, plus one threshold pass for
+/// top-k (a k-entry min-heap) and one for top-p (a histogram of the weights by binary
+/// exponent finds the bucket where the sorted mass crosses `p`; only the tokens of the buckets
+/// above it are sorted).
+pub fn process_row<T: Logit>(
+    row: ArrayView1<'_, T>,
+    params: &SamplingParams,
+    s: &mut Scratch,
+) -> std::result::Result<f64, RowIssue> {
+    debug_assert!(!params.is_greedy());
+    let m = load_row(row, s)?;
+    let t = params.temperature;
+    let v = s.z.len();
+    for z in s.z.iter_mut() {
+        *z = (*z - m) / t;
+    }
+    if params.top_k > 0 && params.top_k < v {
+        let k = params.top_k;
+        s.heap.clear();
+        for &z in &s.z {
+            if s.heap.len() < k {
+                s.heap.push(std::cmp::Reverse(TotalF64(z)));
+            } else if z > s.heap.peek().map_or(f64::NEG_INFINITY, |r| r.0 .0) {
+                s.heap.pop();
+                s.heap.push(std::cmp::Reverse(TotalF64(z)));
+            }
+        }
+        let tau = s.heap.peek().map_or(f64::NEG_INFINITY, |r| r.0 .0);
+        for z in s.z.iter_mut() {
+            if *z < tau {
+                *z = f64::NEG_INFINITY;
+            }
+        }
+    }
+    s.w.clear();
+    s.w.extend(s.z.iter().map(|&z| z.exp()));
+    let mut total: f64 = s.w.iter().sum();
+    if params.top_p < 1.0 {
+        total = top_p(s, params.top_p, total);
+    }
+    Ok(total)
+}
+
+/// Applies top-p to `s.w` / `s.z` (see [`SamplingParams`]) and returns the kept mass.
+fn top_p(s: &mut Scratch, p: f64, total: f64) -> f64 {
+    // Weights lie in (0, 1]; bucket b holds those with binary exponent -b (2^-b <= w < 2^(1-b)),
+    // so buckets are ordered by weight and every token of a lower bucket outranks a higher one.
+    const BUCKETS: usize = 1100;
+    let bucket = |w: f64| {
+        (0x3ff_usize.saturating_sub(((w.to_bits() >> 52) & 0x7ff) as usize)).min(BUCKETS - 1)
+    };
+    let mut mass = [0.0f64; BUCKETS];
+    for &w in &s.w {
+        if w > 0.0 {
+            mass[bucket(w)] += w;
+        }
+    }
+    let target = p * total;
+    let mut cum = 0.0;
+    let mut last = 0;
+    for (b, &m) in mass.iter().enumerate() {
+        if m > 0.0 {
+            last = b;
+            cum += m;
+            if cum >= target {
+                break;
+            }
+        }
+    }
+    // Candidates: every token of buckets <= last, sorted by z desc, ties to the lower id.
+    s.cand.clear();
+    for (i, (&w, &z)) in s.w.iter().zip(&s.z).enumerate() {
+        if w > 0.0 && bucket(w) <= last {
+            s.cand.push((z, i as u32));
+        }
+    }
+    s.cand
+        .sort_unstable_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+    let mut before = 0.0;
+    let mut cut = s.cand[0];
+    for &(z, i) in &s.cand {
+        if before >= target {
+            break;
+        }
+        cut = (z, i);
+        before += s.w[i as usize];
+    }
+    // Keep exactly the tokens ranked at or above `cut`.
+    let mut kept = 0.0;
+    for (i, (w, &z)) in s.w.iter_mut().zip(&s.z).enumerate() {
+        if z > cut.0 || (z == cut.0 && i as u32 <= cut.1) {
+            kept += *w;
+        } else {
+            *w = 0.0;
+        }
+    }
+    for (z, &w) in s.z.iter_mut().zip(&s.w) {
+        if w == 0.0 {
+            *z = f64::NEG_INFINITY;
+        }
+    }
+    kept
+}
+
+/// Inverse-CDF draw from weights `w` (sum `total`) with uniform `u`: the first token, in id
+/// order, whose cumulative weight exceeds `u · total` (the last positive one if rounding
+/// leaves the sum short).
+pub fn sample_weights(w: &[f64], total: f64, u: f64) -> usize {
+    let target = u * total;
+    let mut cum = 0.0;
+    let mut last = 0;
+    for (i, &x) in w.iter().enumerate() {
+        if x > 0.0 {
+            cum += x;
+            last = i;
+            if cum > target {
+                return i;
+            }
+        }
+    }
+    last
+}
+
+/// Draft probabilities `[rows, V]`: row `v` is the distribution `q` the draft drew `v`'s
+/// children from.
+#[derive(Debug, Clone)]
+pub enum ProbsView<'a> {
+    F32(ArrayView2<'a, f32>),
+    F64(ArrayView2<'a, f64>),
+}
+
+impl ProbsView<'_> {
+    pub fn shape(&self) -> (usize, usize) {
+        match self {
+            ProbsView::F32(a) => a.dim(),
+            ProbsView::F64(a) => a.dim(),
+        }
+    }
+
+    /// The raw entry `(row, token)`.
+    pub fn at(&self, row: usize, token: usize) -> f64 {
+        match self {
+            ProbsView::F32(a) => a[(row, token)] as f64,
+            ProbsView::F64(a) => a[(row, token)],
+        }
+    }
+
+    /// Loads row `row` into `out`, checked (finite, >= 0, sum within [`DRAFT_SUM_TOL`] of 1)
+    /// and divided by its sum.
+    pub fn load_row(&self, row: usize, out: &mut Vec<f64>) -> Result<()> {
+        out.clear();
+        match self {
+            ProbsView::F32(a) => out.extend(a.row(row).iter().map(|&x| x as f64)),
+            ProbsView::F64(a) => out.extend(a.row(row).iter().copied()),
+        }
+        let mut sum = 0.0;
+        for (i, &x) in out.iter().enumerate() {
+            if !(x.is_finite() && x >= 0.0) {
+                return Err(Error::value(
+                    "draft_probs",
+                    format!("row {row} has entry {x} at token {i}; expected finite values >= 0"),
+                ));
+            }
+            sum += x;
+        }
+        if (sum - 1.0).abs() > DRAFT_SUM_TOL {
+            return Err(Error::value(
+                "draft_probs",
+                format!("row {row} sums to {sum}; expected 1 within {DRAFT_SUM_TOL}"),
+            ));
+        }
+        out.iter_mut().for_each(|x| *x /= sum);
+        Ok(())
     }
 }
 

@@ -11,6 +11,8 @@
 use rayon::prelude::*;
 
 use crate::error::{Error, Result};
+use crate::rng;
+use crate::select::{sample_weights, with_scratch, LogitsView, ProbsView, SamplingParams};
 use crate::tree::{IndexLike, TreeBatch, TreeRef};
 
 /// Walks one tree. `choose(v)` returns the target's token after tree-local node `v`.
@@ -128,6 +130,19 @@ pub fn verify_batch<F>(batch: &TreeBatch, choose: F, row_cost: usize) -> Result<
 where
     F: Fn(usize) -> Result<i64> + Sync,
 {
+    verify_batch_with(
+        batch,
+        |_, tree, base, acc, tok| walk(tree, |v| choose(base + v), acc, tok),
+        row_cost,
+    )
+}
+
+/// Verifies every tree of `batch` with `walker(b, tree, base, accepted, emitted) -> k`, which
+/// walks request `b` (its first node is global index `base`) and writes its row like [`walk`].
+pub fn verify_batch_with<W>(batch: &TreeBatch, walker: W, row_cost: usize) -> Result<BatchVerified>
+where
+    W: Fn(usize, TreeRef<'_>, usize, &mut [i32], &mut [i64]) -> Result<usize> + Sync,
+{
     let b = batch.num_trees();
     let width = batch.max_depth() as usize + 1;
     let mut out = BatchVerified {
@@ -139,8 +154,7 @@ where
     };
     let offsets = batch.offsets();
     let one = |(i, ((acc, tok), num)): (usize, RowMut<'_>)| {
-        let base = offsets[i];
-        let k = walk(batch.tree(i), |v| choose(base + v), acc, tok)?;
+        let k = walker(i, batch.tree(i), offsets[i], acc, tok)?;
         *num = k as i32;
         // The walk wrote k + 1 entries; the rest of the row stays -1 padding.
         acc[k + 1..].fill(-1);
@@ -227,6 +241,438 @@ pub fn sglang_outputs(r: &BatchVerified) -> Result<(Vec<i32>, Vec<i32>, Vec<i32>
         }
     }
     Ok((predicts, accept_index, r.num_accepted.clone()))
+}
+
+// ------------------------------------------------------------------------------------------
+// Sampled verification: sample-and-match, multi-round rejection (SpecInfer / Sequoia) and
+// typical acceptance, each deciding per node lazily, only where the walk goes.
+// ------------------------------------------------------------------------------------------
+
+/// One decision of a walk at node `v`: accept a child (tree-local), or stop with a bonus.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Step {
+    Accept(usize),
+    Stop(i64),
+}
+
+/// Walks one tree with a per-node decision; writes `accepted` / `emitted` like [`walk`].
+pub fn walk_steps<F>(
+    tree: TreeRef<'_>,
+    mut decide: F,
+    accepted: &mut [i32],
+    emitted: &mut [i64],
+) -> Result<usize>
+where
+    F: FnMut(usize) -> Result<Step>,
+{
+    accepted[0] = 0;
+    let mut v = 0usize;
+    let mut k = 0usize;
+    loop {
+        match decide(v)? {
+            Step::Accept(c) => {
+                emitted[k] = tree.tokens[c];
+                k += 1;
+                accepted[k] = c as i32;
+                v = c;
+            }
+            Step::Stop(y) => {
+                emitted[k] = y;
+                return Ok(k);
+            }
+        }
+    }
+}
+
+/// Verifies one tree with `walker(tree, accepted, emitted) -> k`.
+pub fn verify_tree_with<W>(tree: TreeRef<'_>, walker: W) -> Result<Verified>
+where
+    W: FnOnce(TreeRef<'_>, &mut [i32], &mut [i64]) -> Result<usize>,
+{
+    let width = tree.max_depth as usize + 1;
+    let mut accepted = vec![0i32; width];
+    let mut emitted = vec![0i64; width];
+    let k = walker(tree, &mut accepted, &mut emitted)?;
+    accepted.truncate(k + 1);
+    emitted.truncate(k + 1);
+    Ok(Verified {
+        accepted_nodes: accepted,
+        tokens: emitted,
+        num_nodes: tree.num_nodes(),
+    })
+}
+
+/// How a sampled verification decides at each node (DESIGN §4).
+#[derive(Debug, Clone)]
+pub enum Rule<'a> {
+    /// Deterministic drafts: sample `y[v]` from the processed target, accept the first child
+    /// whose token is `y[v]`. Lossless; acceptance at `v` is the target mass on its children.
+    Match,
+    /// Drafts sampled from `q` (row `v` of `draft_probs` drew `v`'s children). For each child
+    /// `x` in index order: accept w.p. `min(1, p(x) / q(x))`; on rejection
+    /// `p <- norm(max(p - q, 0))` and, without replacement, `q <- norm(q with q(x) = 0)`; if
+    /// every child is rejected the bonus is drawn from the final `p`. Lossless (SpecInfer,
+    /// arXiv 2305.09781; Sequoia / EAGLE-1 without replacement).
+    Rejection {
+        draft_probs: ProbsView<'a>,
+        without_replacement: bool,
+    },
+    /// Medusa's typical acceptance: LOSSY. A child `x` of `v` is accepted iff
+    /// `p(x) > min(posterior_threshold, posterior_alpha * exp(-H(p)))`, `H(p) = -Σ p ln(p + 1e-5)`
+    /// as Medusa computes it; the deepest accepted path wins (ties to the lowest node
+    /// indices) and its stop node's bonus is a draw from `p`.
+    Typical {
+        posterior_threshold: f64,
+        posterior_alpha: f64,
+    },
+}
+
+/// Node keys of the counter-based draws: draw 0 is a node's target sample (bonus), draw
+/// `j >= 1` the acceptance coin of its j-th child.
+const DRAW_SAMPLE: u64 = 0;
+
+/// A sampled verification: the target logits, per-request processing, the seed and the rule.
+/// Request `b`'s node `v` draws from `rng::uniform(seed, b, v, draw)`; a single tree is
+/// request 0. Greedy requests (temperature 0) take the argmax walk under every rule.
+pub struct Sampled<'a> {
+    logits: LogitsView<'a>,
+    params: Vec<SamplingParams>,
+    seed: u64,
+    rule: Rule<'a>,
+}
+
+impl<'a> Sampled<'a> {
+    /// Checks the inputs against the trees `(base, tree)` (global index of the first node):
+    /// logits rows, one parameter set per tree, and for the rejection rule `draft_probs` of
+    /// the logits' shape, every drafted token inside its vocabulary with a positive draft
+    /// probability at its parent, and (without replacement) no repeated sibling tokens.
+    pub fn new<'t>(
+        logits: LogitsView<'a>,
+        params: Vec<SamplingParams>,
+        seed: u64,
+        rule: Rule<'a>,
+        trees: impl ExactSizeIterator<Item = (usize, TreeRef<'t>)>,
+        num_nodes: usize,
+    ) -> Result<Self> {
+        logits.check(num_nodes)?;
+        if params.len() != trees.len() {
+            return Err(Error::value(
+                "temperature",
+                format!(
+                    "has {} parameter sets, expected one per request ({})",
+                    params.len(),
+                    trees.len()
+                ),
+            ));
+        }
+        match &rule {
+            Rule::Match => {}
+            Rule::Typical {
+                posterior_threshold,
+                posterior_alpha,
+            } => {
+                if !(posterior_threshold.is_finite() && *posterior_threshold >= 0.0) {
+                    return Err(Error::value(
+                        "posterior_threshold",
+                        format!("is {posterior_threshold}; expected a finite value >= 0"),
+                    ));
+                }
+                if !(posterior_alpha.is_finite() && *posterior_alpha >= 0.0) {
+                    return Err(Error::value(
+                        "posterior_alpha",
+                        format!("is {posterior_alpha}; expected a finite value >= 0"),
+                    ));
+                }
+            }
+            Rule::Rejection {
+                draft_probs,
+                without_replacement,
+            } => {
+                let (rows, vocab) = logits.shape();
+                if draft_probs.shape() != (rows, vocab) {
+                    return Err(Error::value(
+                        "draft_probs",
+                        format!(
+                            "has shape {:?}, expected the logits' shape {:?}",
+                            draft_probs.shape(),
+                            (rows, vocab)
+                        ),
+                    ));
+                }
+                for (base, tree) in trees {
+                    check_drafted(tree, base, draft_probs, *without_replacement)?;
+                }
+            }
+        }
+        Ok(Sampled {
+            logits,
+            params,
+            seed,
+            rule,
+        })
+    }
+
+    /// Rough cost of one decision, for the batch's serial/parallel choice.
+    pub fn row_cost(&self) -> usize {
+        self.logits.shape().1.saturating_mul(8)
+    }
+
+    /// Walks request `b` (tree-local `tree`, first node at global `base`).
+    pub fn walk(
+        &self,
+        b: usize,
+        tree: TreeRef<'_>,
+        base: usize,
+        accepted: &mut [i32],
+        emitted: &mut [i64],
+    ) -> Result<usize> {
+        let params = &self.params[b];
+        if params.is_greedy() {
+            return walk(tree, |v| self.logits.argmax(base + v), accepted, emitted);
+        }
+        let u = |v: usize, draw: u64| rng::uniform(self.seed, b as u64, v as u64, draw);
+        match &self.rule {
+            Rule::Match => walk(
+                tree,
+                |v| self.logits.choose(base + v, params, u(v, DRAW_SAMPLE)),
+                accepted,
+                emitted,
+            ),
+            Rule::Rejection {
+                draft_probs,
+                without_replacement,
+            } => walk_steps(
+                tree,
+                |v| {
+                    self.rejection_step(
+                        tree,
+                        v,
+                        base,
+                        params,
+                        draft_probs,
+                        *without_replacement,
+                        &u,
+                    )
+                },
+                accepted,
+                emitted,
+            ),
+            Rule::Typical {
+                posterior_threshold,
+                posterior_alpha,
+            } => self.walk_typical(
+                tree,
+                base,
+                params,
+                (*posterior_threshold, *posterior_alpha),
+                &u,
+                accepted,
+                emitted,
+            ),
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn rejection_step(
+        &self,
+        tree: TreeRef<'_>,
+        v: usize,
+        base: usize,
+        params: &SamplingParams,
+        q: &ProbsView<'_>,
+        without_replacement: bool,
+        u: &impl Fn(usize, u64) -> f64,
+    ) -> Result<Step> {
+        let g = base + v;
+        if tree.first_child[v] < 0 {
+            return Ok(Step::Stop(self.logits.choose(
+                g,
+                params,
+                u(v, DRAW_SAMPLE),
+            )?));
+        }
+        with_scratch(|s| {
+            let total = self.logits.process(g, params, s)?;
+            s.w.iter_mut().for_each(|p| *p /= total);
+            let mut q_row = std::mem::take(&mut s.q);
+            q.load_row(g, &mut q_row)?;
+            let mut result = None;
+            for (j, c) in tree.children(v).enumerate() {
+                let x = tree.tokens[c] as usize; // in range: checked by `check_drafted`
+                let qx = q_row[x];
+                if qx <= 0.0 {
+                    // Only reachable through float underflow of a renormalized row.
+                    return Err(zero_draft_prob(g, base + c, x));
+                }
+                if u(v, j as u64 + 1) * qx < s.w[x] {
+                    result = Some(Step::Accept(c));
+                    break;
+                }
+                residual(&mut s.w, &q_row);
+                if without_replacement {
+                    q_row[x] = 0.0;
+                    let mass: f64 = q_row.iter().sum();
+                    if mass > 0.0 {
+                        q_row.iter_mut().for_each(|y| *y /= mass);
+                    }
+                }
+            }
+            s.q = q_row;
+            match result {
+                Some(step) => Ok(step),
+                None => Ok(Step::Stop(
+                    sample_weights(&s.w, 1.0, u(v, DRAW_SAMPLE)) as i64
+                )),
+            }
+        })
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn walk_typical(
+        &self,
+        tree: TreeRef<'_>,
+        base: usize,
+        params: &SamplingParams,
+        (threshold, alpha): (f64, f64),
+        u: &impl Fn(usize, u64) -> f64,
+        accepted: &mut [i32],
+        emitted: &mut [i64],
+    ) -> Result<usize> {
+        // Depth-first over accepted edges, children in index order: the first node reached at
+        // a new maximum depth ends the lexicographically lowest deepest path.
+        let mut stack = vec![0usize];
+        let mut best = (0usize, 0usize); // (depth, node)
+        let mut bonus: Vec<(usize, i64)> = Vec::new();
+        while let Some(v) = stack.pop() {
+            let depth = tree.depths[v] as usize;
+            let y = with_scratch(|s| -> Result<i64> {
+                let total = self.logits.process(base + v, params, s)?;
+                let y = sample_weights(&s.w, total, u(v, DRAW_SAMPLE)) as i64;
+                let mut entropy = 0.0;
+                for w in s.w.iter_mut() {
+                    *w /= total;
+                    if *w > 0.0 {
+                        entropy -= *w * (*w + 1e-5).ln();
+                    }
+                }
+                let cut = threshold.min(alpha * (-entropy).exp());
+                let first = stack.len();
+                for c in tree.children(v) {
+                    let x = tree.tokens[c];
+                    if x >= 0 && (x as usize) < s.w.len() && s.w[x as usize] > cut {
+                        stack.push(c);
+                    }
+                }
+                stack[first..].reverse();
+                Ok(y)
+            })?;
+            bonus.push((v, y));
+            if depth > best.0 {
+                best = (depth, v);
+            }
+        }
+        let (k, stop) = best;
+        let mut v = stop;
+        for j in (0..=k).rev() {
+            accepted[j] = v as i32;
+            if j > 0 {
+                emitted[j - 1] = tree.tokens[v];
+                v = tree.parents[v] as usize;
+            }
+        }
+        emitted[k] = bonus
+            .iter()
+            .find(|&&(n, _)| n == stop)
+            .map(|&(_, y)| y)
+            .unwrap_or(-1);
+        Ok(k)
+    }
+}
+
+/// `p <- norm(max(p - q, 0))`; when nothing is left (p == q up to rounding, so the rejection
+/// had probability ~0) `p` is kept.
+fn residual(p: &mut [f64], q: &[f64]) {
+    let mass: f64 = p.iter().zip(q).map(|(&a, &b)| (a - b).max(0.0)).sum();
+    if mass > 0.0 {
+        p.iter_mut()
+            .zip(q)
+            .for_each(|(a, &b)| *a = (*a - b).max(0.0) / mass);
+    }
+}
+
+fn zero_draft_prob(row: usize, node: usize, token: usize) -> Error {
+    Error::value(
+        "draft_probs",
+        format!(
+            "row {row} gives token {token} of node {node} probability 0; \
+             the draft could not have drawn it"
+        ),
+    )
+}
+
+/// Every drafted token of `tree` could have been drawn from its parent's draft row.
+fn check_drafted(
+    tree: TreeRef<'_>,
+    base: usize,
+    q: &ProbsView<'_>,
+    without_replacement: bool,
+) -> Result<()> {
+    let vocab = q.shape().1;
+    for c in 1..tree.num_nodes() {
+        let x = tree.tokens[c];
+        if x < 0 || x as usize >= vocab {
+            return Err(Error::value(
+                "tokens",
+                format!(
+                    "node {} has token {x}, outside draft_probs' vocabulary of {vocab}",
+                    base + c
+                ),
+            ));
+        }
+        let parent = base + tree.parents[c] as usize;
+        let qx = q.at(parent, x as usize);
+        if !(qx > 0.0) {
+            return Err(zero_draft_prob(parent, base + c, x as usize));
+        }
+    }
+    if without_replacement {
+        for v in 0..tree.num_nodes() {
+            for c in tree.children(v) {
+                if let Some(d) = tree
+                    .children(v)
+                    .take_while(|&d| d < c)
+                    .find(|&d| tree.tokens[d] == tree.tokens[c])
+                {
+                    return Err(Error::value(
+                        "tokens",
+                        format!(
+                            "nodes {} and {} are siblings with the same token {}; drafts drawn \
+                             without replacement cannot repeat a token",
+                            base + d,
+                            base + c,
+                            tree.tokens[c]
+                        ),
+                    ));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Sampled verification of one tree (request 0).
+pub fn verify_tree_sampled(tree: TreeRef<'_>, sampled: &Sampled<'_>) -> Result<Verified> {
+    verify_tree_with(tree, |t, acc, tok| sampled.walk(0, t, 0, acc, tok))
+}
+
+/// Sampled verification of a batch; requests are walked independently (and in parallel when
+/// the work pays for it): the draws are keyed by request and node, so the result is the same.
+pub fn verify_batch_sampled(batch: &TreeBatch, sampled: &Sampled<'_>) -> Result<BatchVerified> {
+    verify_batch_with(
+        batch,
+        |b, tree, base, acc, tok| sampled.walk(b, tree, base, acc, tok),
+        sampled.row_cost(),
+    )
 }
 
 #[cfg(test)]
