@@ -377,6 +377,7 @@ pub struct Scratch {
     /// A draft row (normalized), for the rejection rules.
     pub q: Vec<f64>,
     cand: Vec<(f64, u32)>,
+    mass: Vec<f64>,
     heap: std::collections::BinaryHeap<std::cmp::Reverse<TotalF64>>,
 }
 
@@ -416,17 +417,15 @@ fn load_row<T: Logit>(
     s: &mut Scratch,
 ) -> std::result::Result<f64, RowIssue> {
     s.z.clear();
-    s.z.reserve(row.len());
+    match row.as_slice() {
+        Some(xs) => s.z.extend(xs.iter().map(|&x| x.widen().to_f64())),
+        None => s.z.extend(row.iter().map(|&x| x.widen().to_f64())),
+    }
     let mut m = f64::NEG_INFINITY;
     let mut nan = false;
-    let mut push = |x: f64| {
+    for &x in &s.z {
         nan |= x.is_nan();
         m = if x > m { x } else { m };
-        s.z.push(x);
-    };
-    match row.as_slice() {
-        Some(xs) => xs.iter().for_each(|&x| push(x.widen().to_f64())),
-        None => row.iter().for_each(|&x| push(x.widen().to_f64())),
     }
     if nan {
         return Err(RowIssue::Nan);
@@ -486,49 +485,54 @@ pub fn process_row<T: Logit>(
     }
     s.w.clear();
     s.w.extend(s.z.iter().map(|&z| z.exp()));
-    let mut total: f64 = s.w.iter().sum();
+    let mut total = 0.0;
+    for &w in &s.w {
+        total += w;
+    }
     if params.top_p < 1.0 {
         total = top_p(s, params.top_p, total);
     }
     Ok(total)
 }
 
+/// Buckets of the top-p pass: `z` (<= 0) in steps of 1/16 nat, everything below -256 pooled.
+const TOP_P_BUCKETS: usize = 4096;
+const TOP_P_SCALE: f64 = 16.0;
+
 /// Applies top-p to `s.w` / `s.z` (see [`SamplingParams`]) and returns the kept mass.
+///
+/// A histogram of the mass by `z` bucket finds the bucket where the descending cumulative mass
+/// reaches `p`: every token of a higher bucket is kept, every token of a lower one removed,
+/// and only the tokens of the crossing bucket are sorted (z desc, ties to the lower id).
 fn top_p(s: &mut Scratch, p: f64, total: f64) -> f64 {
-    // Weights lie in (0, 1]; bucket b holds those with binary exponent -b (2^-b <= w < 2^(1-b)),
-    // so buckets are ordered by weight and every token of a lower bucket outranks a higher one.
-    const BUCKETS: usize = 1100;
-    let bucket = |w: f64| {
-        (0x3ff_usize.saturating_sub(((w.to_bits() >> 52) & 0x7ff) as usize)).min(BUCKETS - 1)
-    };
-    let mut mass = [0.0f64; BUCKETS];
-    for &w in &s.w {
+    let bucket = |z: f64| ((-z * TOP_P_SCALE) as usize).min(TOP_P_BUCKETS - 1);
+    s.mass.clear();
+    s.mass.resize(TOP_P_BUCKETS, 0.0);
+    for (&w, &z) in s.w.iter().zip(&s.z) {
         if w > 0.0 {
-            mass[bucket(w)] += w;
+            s.mass[bucket(z)] += w;
         }
     }
     let target = p * total;
-    let mut cum = 0.0;
-    let mut last = 0;
-    for (b, &m) in mass.iter().enumerate() {
+    let mut before = 0.0; // mass of the buckets above the crossing one
+    let mut cross = 0;
+    for (b, &m) in s.mass.iter().enumerate() {
         if m > 0.0 {
-            last = b;
-            cum += m;
-            if cum >= target {
+            cross = b;
+            if before + m >= target {
                 break;
             }
+            before += m;
         }
     }
-    // Candidates: every token of buckets <= last, sorted by z desc, ties to the lower id.
     s.cand.clear();
     for (i, (&w, &z)) in s.w.iter().zip(&s.z).enumerate() {
-        if w > 0.0 && bucket(w) <= last {
+        if w > 0.0 && bucket(z) == cross {
             s.cand.push((z, i as u32));
         }
     }
     s.cand
         .sort_unstable_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
-    let mut before = 0.0;
     let mut cut = s.cand[0];
     for &(z, i) in &s.cand {
         if before >= target {
@@ -537,17 +541,16 @@ fn top_p(s: &mut Scratch, p: f64, total: f64) -> f64 {
         cut = (z, i);
         before += s.w[i as usize];
     }
-    // Keep exactly the tokens ranked at or above `cut`.
+    // Keep the higher buckets and the crossing bucket's tokens ranked at or above `cut`.
     let mut kept = 0.0;
-    for (i, (w, &z)) in s.w.iter_mut().zip(&s.z).enumerate() {
-        if z > cut.0 || (z == cut.0 && i as u32 <= cut.1) {
+    for (i, (w, z)) in s.w.iter_mut().zip(s.z.iter_mut()).enumerate() {
+        let b = bucket(*z);
+        let keep = *w > 0.0
+            && (b < cross || (b == cross && (*z > cut.0 || (*z == cut.0 && i as u32 <= cut.1))));
+        if keep {
             kept += *w;
         } else {
             *w = 0.0;
-        }
-    }
-    for (z, &w) in s.z.iter_mut().zip(&s.w) {
-        if w == 0.0 {
             *z = f64::NEG_INFINITY;
         }
     }
