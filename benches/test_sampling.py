@@ -1,0 +1,90 @@
+"""Sampled verification of a batch from host logits: B=8 trees of N=64 nodes, V in {32000,
+128256}, float32 logits, temperature 0.8 and top-p 0.95 (a typical serving setting).
+
+Contenders:
+- `rust`: `ss.verify(batch, logits, temperature=0.8, top_p=0.95, seed=...)`: Rust processes
+  (temperature → top-k → top-p) and samples only the rows the walk visits;
+- `reference`: `reference.batch_verify_sampled`, pure Python over the visited rows (one round:
+  seconds per call at these vocabularies); its tokens must equal Rust's (same counter-based RNG);
+- `torch_peer`: the vectorized formulation serving code writes (vLLM's sampler style):
+  softmax every row `[T, V]` at the temperature, top-p by a full descending sort, one draw per
+  row with `torch.multinomial` (faster on CPU than the exponential race here), then the
+  EAGLE-style path match of benches/test_verify.py. Its draws come from torch's generator, so
+  it is checked for consistency (its path is the walk of its own choices), not for equality.
+Inputs (trees, logits, path index) are built outside the timed call; torch runs on one
+intra-op thread (see benches/test_verify.py for why).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import specsched as ss
+import torch
+from bench_inputs import run
+from specsched import reference as ref
+from test_verify import TorchPaths, check_same, logits_case, rust_arrays, torch_threads, torch_verify
+
+VOCABS = [32000, 128256]
+TEMPERATURE, TOP_P, SEED = 0.8, 0.95, 1234
+CONTENDERS = ["rust", "reference", "torch_peer"]
+
+
+def torch_sample_every_row(
+    logits: torch.Tensor, temperature: float, top_p: float, gen: torch.Generator
+) -> torch.Tensor:
+    probs = torch.softmax(logits / temperature, dim=-1)
+    sorted_probs, order = probs.sort(dim=-1, descending=True)
+    before = sorted_probs.cumsum(dim=-1) - sorted_probs
+    sorted_probs = sorted_probs.masked_fill(before >= top_p, 0.0)
+    probs = torch.zeros_like(probs).scatter_(-1, order, sorted_probs)
+    return torch.multinomial(probs, 1, generator=gen).squeeze(-1)
+
+
+@pytest.mark.parametrize("contender", CONTENDERS)
+@pytest.mark.parametrize("vocab", VOCABS, ids=[f"V{v}" for v in VOCABS])
+def test_verify_sampled(benchmark, vocab, contender):
+    benchmark.group = f"verify sampled B=8 N=64 V={vocab} f32 T={TEMPERATURE} top_p={TOP_P}"
+    batch, logits = logits_case(vocab)
+    tree_batch = batch.tree_batch()
+    kw = {"temperature": TEMPERATURE, "top_p": TOP_P, "seed": SEED}
+    expected = ss.verify(tree_batch, logits, **kw)
+    rounds = None
+    if contender == "rust":
+
+        def fn():
+            return rust_arrays(ss.verify(tree_batch, logits, **kw))
+
+    elif contender == "reference":
+        lists = batch.lists()
+        nb = len(lists["offsets"]) - 1
+        rounds = 1
+
+        def fn():
+            return ref.batch_verify_sampled(
+                lists["parents"],
+                lists["tokens"],
+                lists["offsets"],
+                logits,  # rows are read (and converted) only where the walk goes
+                [TEMPERATURE] * nb,
+                [0] * nb,
+                [TOP_P] * nb,
+                SEED,
+            )
+
+    else:
+        paths = TorchPaths(batch)
+        tokens, logits_t = torch.from_numpy(batch.tokens), torch.from_numpy(logits)
+        gen = torch.Generator().manual_seed(SEED)
+
+        def fn():
+            choice = torch_sample_every_row(logits_t, TEMPERATURE, TOP_P, gen)
+            return (*torch_verify(paths, tokens, choice), choice)
+
+    with torch_threads(1):
+        got = run(benchmark, fn, rounds=rounds)
+    if contender == "torch_peer":
+        *arrays, choice = got
+        check_same(arrays, ss.verify(tree_batch, target_tokens=choice.numpy()))
+    else:
+        check_same(got, expected)
