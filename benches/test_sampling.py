@@ -17,13 +17,19 @@ intra-op thread (see benches/test_verify.py for why).
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import specsched as ss
 import torch
 from bench_inputs import run
 from specsched import reference as ref
-from test_verify import TorchPaths, check_same, logits_case, rust_arrays, torch_threads, torch_verify
+from test_verify import (
+    TorchPaths,
+    check_same,
+    logits_case,
+    rust_arrays,
+    torch_threads,
+    torch_verify,
+)
 
 VOCABS = [32000, 128256]
 TEMPERATURE, TOP_P, SEED = 0.8, 0.95, 1234

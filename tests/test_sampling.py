@@ -12,6 +12,7 @@ is proved separately by the Monte-Carlo harness in test_losslessness.py.
 
 from __future__ import annotations
 
+import itertools
 import os
 import subprocess
 import sys
@@ -60,7 +61,7 @@ def sampled_tokens(rng: np.random.Generator, parents, q: np.ndarray, replace: bo
             draws = rng.choice(len(q[v]), size=len(cs), p=q[v])
         else:
             draws = rng.choice(len(q[v]), size=len(cs), replace=False, p=q[v])
-        for c, x in zip(cs, draws):
+        for c, x in zip(cs, draws, strict=True):
             tokens[c] = int(x)
     return tokens
 
@@ -163,9 +164,13 @@ def api_kwargs(rule: dict, q: np.ndarray | None) -> dict:
     return {}
 
 
-@pytest.mark.parametrize("rule", RULES, ids=lambda r: r["rule"] + str(r.get("without_replacement", "")))
+@pytest.mark.parametrize(
+    "rule", RULES, ids=lambda r: r["rule"] + str(r.get("without_replacement", ""))
+)
 @SETTINGS
-@given(tree=trees(max_nodes=24), seed=st.integers(0, 10**6), temp=st.sampled_from([0.0, 0.6, 1.0, 1.7]))
+@given(
+    tree=trees(max_nodes=24), seed=st.integers(0, 10**6), temp=st.sampled_from([0.0, 0.6, 1.0, 1.7])
+)
 def test_tree_matches_reference(rule, tree, seed, temp):
     parents, tokens = tree
     rng = np.random.default_rng(seed)
@@ -176,7 +181,12 @@ def test_tree_matches_reference(rule, tree, seed, temp):
     logits = peaked_logits(rng, parents, tokens, vocab)
     k, p = int(rng.integers(0, 6)), float(rng.choice([1.0, 0.9, 0.6]))
     r = ss.verify(
-        ss.Tree(parents, tokens), logits, temperature=temp, top_k=k, top_p=p, seed=seed,
+        ss.Tree(parents, tokens),
+        logits,
+        temperature=temp,
+        top_k=k,
+        top_p=p,
+        seed=seed,
         **api_kwargs(rule, q),
     )
     extra = dict(rule)
@@ -187,7 +197,9 @@ def test_tree_matches_reference(rule, tree, seed, temp):
     assert r.tokens.tolist() == emitted
 
 
-@pytest.mark.parametrize("rule", RULES, ids=lambda r: r["rule"] + str(r.get("without_replacement", "")))
+@pytest.mark.parametrize(
+    "rule", RULES, ids=lambda r: r["rule"] + str(r.get("without_replacement", ""))
+)
 @SETTINGS
 @given(batch=batches(max_trees=6, max_nodes=16), seed=st.integers(0, 10**6))
 def test_batch_with_per_request_parameters_matches_reference(rule, batch, seed):
@@ -204,17 +216,27 @@ def test_batch_with_per_request_parameters_matches_reference(rule, batch, seed):
     logits = np.concatenate(  # favour a child's token per node, tree-locally
         [
             peaked_logits(rng, parents[s:e], tokens[s:e], vocab)
-            for s, e in zip(offsets[:-1], offsets[1:])
+            for s, e in itertools.pairwise(offsets)
         ]
     )
     temps = rng.choice([0.0, 0.5, 1.0, 2.0], size=nb)  # greedy rows mixed in
     ks = rng.integers(0, 5, size=nb)
     ps = rng.choice([1.0, 0.8, 0.5], size=nb)
     b_ = ss.TreeBatch.from_flat(np.asarray(parents), np.asarray(tokens), np.asarray(offsets))
-    r = ss.verify(b_, logits, temperature=temps, top_k=ks, top_p=ps, seed=seed, **api_kwargs(rule, q))
+    r = ss.verify(
+        b_, logits, temperature=temps, top_k=ks, top_p=ps, seed=seed, **api_kwargs(rule, q)
+    )
     num, acc, tok = ref.batch_verify_sampled(
-        parents, tokens, offsets, logits.tolist(), temps.tolist(), ks.tolist(), ps.tolist(),
-        seed, draft_rows=q.tolist(), **rule,
+        parents,
+        tokens,
+        offsets,
+        logits.tolist(),
+        temps.tolist(),
+        ks.tolist(),
+        ps.tolist(),
+        seed,
+        draft_rows=q.tolist(),
+        **rule,
     )
     assert r.num_accepted.tolist() == num
     assert r.accepted_nodes.tolist() == acc
@@ -232,8 +254,9 @@ def test_duplicate_sibling_tokens_with_replacement():
     q = np.array([[0.1, 0.8, 0.1]] * 3)
     n = 3000
     batch = ss.TreeBatch([ss.Tree(parents, tokens)] * n)
-    r = ss.verify(batch, np.tile(logits, (n, 1)), temperature=1.0, seed=5,
-                  draft_probs=np.tile(q, (n, 1)))
+    r = ss.verify(
+        batch, np.tile(logits, (n, 1)), temperature=1.0, seed=5, draft_probs=np.tile(q, (n, 1))
+    )
     assert not (r.accepted_nodes[:, 1] == 2).any()
     accepted = r.num_accepted == 1
     # P(accept token 1) = min(1, p/q) = 0.375. Each rejection updates the residual:
@@ -266,11 +289,14 @@ def test_same_seed_same_tokens_and_batch_composition_does_not_matter():
     assert a.tokens.tolist() == b.tokens.tolist()
     # Replace the other requests' logits and parameters: request 1 is unchanged.
     other = [rows[0] * 3, rows[1], rng.standard_normal(rows[2].shape)]
-    c = ss.verify(batch, np.concatenate(other), temperature=[0.3, 1.0, 2.0], top_k=[2, 0, 1],
-                  seed=99)
+    c = ss.verify(
+        batch, np.concatenate(other), temperature=[0.3, 1.0, 2.0], top_k=[2, 0, 1], seed=99
+    )
     assert c.tokens[1].tolist() == a.tokens[1].tolist()
-    seeds = {tuple(ss.verify(batch, np.concatenate(rows), temperature=1.0, seed=s).tokens.ravel())
-             for s in range(8)}
+    seeds = {
+        tuple(ss.verify(batch, np.concatenate(rows), temperature=1.0, seed=s).tokens.ravel())
+        for s in range(8)
+    }
     assert len(seeds) > 1
 
 
@@ -291,8 +317,9 @@ def test_thread_count_does_not_matter():
     outs = []
     for threads in ("1", "2"):
         env = {**os.environ, "RAYON_NUM_THREADS": threads}
-        done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
-                              text=True, check=True)
+        done = subprocess.run(
+            [sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True
+        )
         outs.append(done.stdout)
     assert outs[0] == outs[1] and outs[0]
 
@@ -349,10 +376,16 @@ def test_bad_input_names_the_argument():
         ({"temperature": 1.0, "draft_sampling": "sometimes"}, ValueError, "draft_sampling"),
         ({"temperature": 1.0, "rule": "nucleus"}, ValueError, "rule"),
         ({"temperature": 1.0, "rule": "typical", "draft_probs": q}, ValueError, "draft_probs"),
-        ({"temperature": 1.0, "rule": "typical", "posterior_alpha": -1.0}, ValueError,
-         "posterior_alpha"),
-        ({"temperature": 1.0, "rule": "typical", "posterior_threshold": float("inf")},
-         ValueError, "posterior_threshold"),
+        (
+            {"temperature": 1.0, "rule": "typical", "posterior_alpha": -1.0},
+            ValueError,
+            "posterior_alpha",
+        ),
+        (
+            {"temperature": 1.0, "rule": "typical", "posterior_threshold": float("inf")},
+            ValueError,
+            "posterior_threshold",
+        ),
     ]
     for kwargs, exc, name in bad:
         with pytest.raises(exc, match=name):
@@ -367,8 +400,13 @@ def test_bad_input_names_the_argument():
         ss.verify(ss.Tree([-1, 0, 0], [0, 1, 7]), logits, temperature=1.0, draft_probs=q)
     # repeated sibling tokens cannot come from sampling without replacement
     with pytest.raises(ValueError, match="nodes 1 and 2 are siblings"):
-        ss.verify(ss.Tree([-1, 0, 0], [0, 1, 1]), logits, temperature=1.0, draft_probs=q,
-                  draft_sampling="without_replacement")
+        ss.verify(
+            ss.Tree([-1, 0, 0], [0, 1, 1]),
+            logits,
+            temperature=1.0,
+            draft_probs=q,
+            draft_sampling="without_replacement",
+        )
     with pytest.raises(TypeError, match="target_tokens"):
         ss.verify(t, target_tokens=[0, 0, 0], temperature=1.0)
     # every error is a ValueError / TypeError subclass, never a panic
@@ -387,7 +425,7 @@ def test_device_uniform_equals_the_reference():
     node = torch.tensor([0, 5, 123456, 3], dtype=torch.int64)
     for seed in (0, 1, 2**63 + 5, 2**64 - 1):
         got = _torch.uniform(seed, req, node, 0).tolist()
-        want = [ref.rng_uniform(seed, int(r), int(n), 0) for r, n in zip(req, node)]
+        want = [ref.rng_uniform(seed, int(r), int(n), 0) for r, n in zip(req, node, strict=True)]
         assert got == want
 
 
@@ -413,8 +451,11 @@ def test_device_sampling_equals_host_sampling(dtype):
     else:  # float32 arithmetic on the device: a draw may land on the other side of a boundary
         assert same.mean() >= 0.95
     single = ss.verify(trees_[0], logits[:6], reduce="device", temperature=1.0, seed=21)
-    assert single.tokens.tolist() == ss.verify(trees_[0], logits[:6], temperature=1.0,
-                                              seed=21).tokens.tolist() or dtype != "float64"
+    assert (
+        single.tokens.tolist()
+        == ss.verify(trees_[0], logits[:6], temperature=1.0, seed=21).tokens.tolist()
+        or dtype != "float64"
+    )
 
 
 def test_device_path_flags_nan_and_refuses_host_only_rules():

@@ -6,6 +6,7 @@ target's output (`verify`), and put the KV cache in order (`kv_compaction_plan`,
 """
 
 from specsched._core import (
+    DRAFT_SUM_TOL,
     MAX_BATCH_NODES,
     MAX_NODES,
     BatchVerifyResult,
@@ -18,6 +19,7 @@ from specsched._kv import commit_slots, compact_kv, kv_compaction_plan
 from specsched._verify import verify
 
 __all__ = [
+    "DRAFT_SUM_TOL",
     "MAX_BATCH_NODES",
     "MAX_NODES",
     "BatchVerifyResult",

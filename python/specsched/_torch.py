@@ -177,7 +177,9 @@ def device_sample(
         raise ValueError(f"top_p: entry {i} is {top_p[i]}; expected a value in (0, 1]")
 
     def per_node(arr: np.ndarray) -> np.ndarray:
-        return arr[np.minimum(request, len(arr) - 1)] if len(arr) > 1 else np.repeat(arr, len(request))
+        return (
+            arr[np.minimum(request, len(arr) - 1)] if len(arr) > 1 else np.repeat(arr, len(request))
+        )
 
     device = logits.device
     cdt = torch.float64 if logits.dtype == torch.float64 else torch.float32

@@ -177,8 +177,13 @@ def _verify_sampled(
         raise ValueError(f"rule: expected None or 'typical', got {rule!r}")
     if rule == "typical" and draft_probs is not None:
         raise ValueError("draft_probs: typical acceptance does not use draft probabilities")
-    core_rule = "typical" if rule == "typical" else ("match" if draft_probs is None else "rejection")
-    for name, x in (("posterior_threshold", posterior_threshold), ("posterior_alpha", posterior_alpha)):
+    core_rule = (
+        "typical" if rule == "typical" else ("match" if draft_probs is None else "rejection")
+    )
+    for name, x in (
+        ("posterior_threshold", posterior_threshold),
+        ("posterior_alpha", posterior_alpha),
+    ):
         if isinstance(x, bool) or not isinstance(x, (int, float, np.integer, np.floating)):
             raise TypeError(f"{name}: expected a float, got {type(x).__name__}")
     dtype = None

@@ -745,8 +745,8 @@ def processed_probs(
             if before < top_p:
                 keep[i] = True
             before += probs[i]
-        kept = sum(p for p, k in zip(probs, keep) if k)
-        probs = [p / kept if k else 0.0 for p, k in zip(probs, keep)]
+        kept = sum(p for p, k in zip(probs, keep, strict=True) if k)
+        probs = [p / kept if k else 0.0 for p, k in zip(probs, keep, strict=True)]
     return probs
 
 
@@ -811,7 +811,7 @@ def _sampled_walk(
                 if rng_uniform(seed, request, v, j + 1) < p[x] / q[x]:
                     nxt = c
                     break
-                res = [max(a - b, 0.0) for a, b in zip(p, q)]
+                res = [max(a - b, 0.0) for a, b in zip(p, q, strict=True)]
                 mass = sum(res)
                 if mass > 0.0:
                     p = [r / mass for r in res]

@@ -248,9 +248,7 @@ def simulate(
                 elif draft_sampling == "with_replacement":
                     cdf = np.cumsum(qn, axis=1)
                     u = rng.random((r, len(cs))) * cdf[:, -1:]
-                    picks = np.minimum(
-                        (cdf[:, None, :] <= u[:, :, None]).sum(axis=2), v - 1
-                    )
+                    picks = np.minimum((cdf[:, None, :] <= u[:, :, None]).sum(axis=2), v - 1)
                 else:  # Gumbel-top-k: a sample without replacement
                     g = np.log(qn) - np.log(-np.log(rng.random((r, v))))
                     picks = np.argsort(-g, axis=1)[:, : len(cs)]

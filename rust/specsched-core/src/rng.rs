@@ -54,5 +54,7 @@ mod tests {
         assert_ne!(uniform(1, 0, 0, 0), uniform(2, 0, 0, 0));
         assert_ne!(uniform(1, 0, 1, 0), uniform(1, 1, 0, 0));
         assert_eq!(uniform(9, 3, 4, 5), uniform(9, 3, 4, 5));
+        // The same value `specsched.reference.rng_uniform(9, 3, 4, 5)` computes.
+        assert_eq!(uniform(9, 3, 4, 5), 0.746020428803285);
     }
 }

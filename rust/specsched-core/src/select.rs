@@ -673,4 +673,86 @@ mod tests {
             argmax(ArrayView1::from(&hb_wide))
         );
     }
+    fn probs(row: &[f64], t: f64, k: usize, p: f64) -> Vec<f64> {
+        let params = SamplingParams {
+            temperature: t,
+            top_k: k,
+            top_p: p,
+        };
+        let mut s = Scratch::default();
+        let total = process_row(ArrayView1::from(row), &params, &mut s).unwrap();
+        s.w.iter().map(|w| w / total).collect()
+    }
+
+    #[test]
+    fn processing_order_and_ties() {
+        // top-k keeps every tie at the k-th value
+        let p = probs(&[1.0, 1.0, 1.0, 0.0], 1.0, 2, 1.0);
+        assert!(p[..3].iter().all(|&x| (x - 1.0 / 3.0).abs() < 1e-12) && p[3] == 0.0);
+        // top-p: keep iff the mass before is < p; ties ranked by lower id
+        assert_eq!(probs(&[0.0; 4], 1.0, 0, 0.5), [0.5, 0.5, 0.0, 0.0]);
+        assert_eq!(probs(&[5.0, 0.0, 0.0], 1.0, 0, 1e-9), [1.0, 0.0, 0.0]);
+        // temperature sharpens before the cut
+        let p = probs(&[0.0, 3f64.ln()], 0.5, 0, 1.0);
+        assert!((p[1] - 0.9).abs() < 1e-12);
+        assert_eq!(
+            probs(&[f64::INFINITY, 0.0, f64::INFINITY], 1.0, 0, 1.0),
+            [0.5, 0.0, 0.5]
+        );
+        let mut s = Scratch::default();
+        let params = SamplingParams::new(1.0, 0, 1.0, 0).unwrap();
+        let nan = [0.0, f64::NAN];
+        assert_eq!(
+            process_row(ArrayView1::from(&nan[..]), &params, &mut s),
+            Err(RowIssue::Nan)
+        );
+        let none = [f64::NEG_INFINITY; 2];
+        assert_eq!(
+            process_row(ArrayView1::from(&none[..]), &params, &mut s),
+            Err(RowIssue::NoFiniteLogit)
+        );
+        assert!(SamplingParams::new(-1.0, 0, 1.0, 0).is_err());
+        assert!(SamplingParams::new(1.0, -1, 1.0, 0).is_err());
+        assert!(SamplingParams::new(1.0, 0, 0.0, 0).is_err());
+        assert!(SamplingParams::per_request(&[1.0, 1.0], &[0], &[1.0], 3).is_err());
+    }
+
+    #[test]
+    fn top_p_buckets_agree_with_a_full_sort() {
+        for case in 0..200u64 {
+            let v = 1 + (case as usize * 37) % 900;
+            let row: Vec<f64> = (0..v)
+                .map(|i| {
+                    let u = crate::rng::uniform(case, 0, i as u64, 0);
+                    // coarse values make ties common; some rows span many buckets
+                    ((u * 40.0).floor() / 4.0) * if case % 2 == 0 { 1.0 } else { 0.1 }
+                })
+                .collect();
+            let p = 0.05 + 0.9 * crate::rng::uniform(case, 1, 0, 0);
+            let t = 0.3 + crate::rng::uniform(case, 2, 0, 0);
+            let got = probs(&row, t, 0, p);
+            // Full sort: z descending, ties to the lower id; keep iff mass before < p.
+            let full = probs(&row, t, 0, 1.0);
+            let mut order: Vec<usize> = (0..v).collect();
+            order.sort_by(|&a, &b| row[b].total_cmp(&row[a]).then(a.cmp(&b)));
+            let mut before = 0.0;
+            let mut keep = vec![false; v];
+            for &i in &order {
+                keep[i] = before < p;
+                before += full[i];
+            }
+            for i in 0..v {
+                assert_eq!(got[i] > 0.0, keep[i], "case {case} token {i}");
+            }
+        }
+    }
+
+    #[test]
+    fn inverse_cdf_draws() {
+        let w = [0.25, 0.0, 0.75];
+        assert_eq!(sample_weights(&w, 1.0, 0.24), 0);
+        assert_eq!(sample_weights(&w, 1.0, 0.25), 2);
+        assert_eq!(sample_weights(&w, 1.0, 0.999_999), 2);
+        assert_eq!(sample_weights(&[0.0, 2.0, 0.0], 2.0, 1.0), 1);
+    }
 }

@@ -502,7 +502,7 @@ impl<'a> Sampled<'a> {
                 let qx = q_row[x];
                 if qx <= 0.0 {
                     // Only reachable through float underflow of a renormalized row.
-                    return Err(zero_draft_prob(g, base + c, x));
+                    return Err(zero_draft_prob(g, base + c, x, qx));
                 }
                 if u(v, j as u64 + 1) * qx < s.w[x] {
                     result = Some(Step::Accept(c));
@@ -600,11 +600,11 @@ fn residual(p: &mut [f64], q: &[f64]) {
     }
 }
 
-fn zero_draft_prob(row: usize, node: usize, token: usize) -> Error {
+fn zero_draft_prob(row: usize, node: usize, token: usize, prob: f64) -> Error {
     Error::value(
         "draft_probs",
         format!(
-            "row {row} gives token {token} of node {node} probability 0; \
+            "row {row} gives token {token} of node {node} probability {prob}; \
              the draft could not have drawn it"
         ),
     )
@@ -631,8 +631,8 @@ fn check_drafted(
         }
         let parent = base + tree.parents[c] as usize;
         let qx = q.at(parent, x as usize);
-        if !(qx > 0.0) {
-            return Err(zero_draft_prob(parent, base + c, x as usize));
+        if qx.is_nan() || qx <= 0.0 {
+            return Err(zero_draft_prob(parent, base + c, x as usize, qx));
         }
     }
     if without_replacement {
@@ -723,5 +723,93 @@ mod tests {
         assert_eq!(idx, [0, -1, -1, 2, 3, 4]);
         assert_eq!(len, [0, 2]);
         assert!(choice_from_tokens(ArrayView1::from(&target), None, 4).is_err());
+    }
+    /// Index drawn from `q` with uniform `u` (inverse CDF).
+    fn draw(q: &[f64], u: f64) -> usize {
+        crate::select::sample_weights(q, q.iter().sum(), u)
+    }
+
+    #[test]
+    fn rejection_rules_emit_the_target_distribution() {
+        // One level: two children drawn from q (with or without replacement); the first
+        // emitted token must follow the processed target p exactly.
+        let n = 60_000usize;
+        let logits_row = [0.2f64, 1.0, -0.5, 0.4];
+        let q_row = [0.5f64, 0.1, 0.3, 0.1];
+        let t = 0.9;
+        let z: Vec<f64> = logits_row.iter().map(|l| ((l - 1.0) / t).exp()).collect();
+        let p: Vec<f64> = z.iter().map(|x| x / z.iter().sum::<f64>()).collect();
+        for without in [false, true] {
+            let mut parents = Vec::new();
+            let mut tokens = Vec::new();
+            for b in 0..n {
+                let x = draw(&q_row, rng::uniform(77, b as u64, 0, 0));
+                let mut q2 = q_row;
+                if without {
+                    q2[x] = 0.0;
+                }
+                let y = draw(&q2, rng::uniform(77, b as u64, 1, 0));
+                parents.extend([-1i32, 0, 0]);
+                tokens.extend([0i64, x as i64, y as i64]);
+            }
+            let offsets: Vec<i64> = (0..=n as i64).map(|b| 3 * b).collect();
+            let batch = TreeBatch::from_views(
+                ArrayView1::from(&parents),
+                ArrayView1::from(&tokens),
+                ArrayView1::from(&offsets),
+            )
+            .unwrap();
+            let logits: Vec<f64> = logits_row.repeat(3 * n);
+            let q: Vec<f64> = q_row.repeat(3 * n);
+            let lv = ndarray::ArrayView2::from_shape((3 * n, 4), &logits).unwrap();
+            let qv = ndarray::ArrayView2::from_shape((3 * n, 4), &q).unwrap();
+            let params = vec![SamplingParams::new(t, 0, 1.0, 0).unwrap(); n];
+            let rule = Rule::Rejection {
+                draft_probs: ProbsView::F64(qv),
+                without_replacement: without,
+            };
+            let trees = batch.offsets()[..n].iter().copied().zip(batch.trees());
+            let sampled = Sampled::new(LogitsView::F64(lv), params, 5, rule, trees, 3 * n).unwrap();
+            let r = verify_batch_sampled(&batch, &sampled).unwrap();
+            let mut freq = [0.0f64; 4];
+            for b in 0..n {
+                freq[r.tokens[b * r.width] as usize] += 1.0 / n as f64;
+            }
+            for i in 0..4 {
+                assert!(
+                    (freq[i] - p[i]).abs() < 0.01,
+                    "{without}: {freq:?} vs {p:?}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn typical_takes_the_deepest_path_lowest_indices_first() {
+        // 0 -> {1, 2}; 1 -> {3}; 2 -> {4}; every draft token is the row's favourite, so every
+        // child is accepted: two paths of depth 2, the lower indices (0, 1, 3) win.
+        let t = Tree::new(&[-1, 0, 0, 1, 2], &[0, 1, 1, 2, 2]).unwrap();
+        let mut logits = vec![0.0f32; 5 * 3];
+        for (row, tok) in [(0usize, 1usize), (1, 2), (2, 2), (3, 0), (4, 0)] {
+            logits[row * 3 + tok] = 8.0;
+        }
+        let lv = ndarray::ArrayView2::from_shape((5, 3), &logits).unwrap();
+        let rule = Rule::Typical {
+            posterior_threshold: 0.09,
+            posterior_alpha: 0.3,
+        };
+        let params = vec![SamplingParams::new(1.0, 0, 1.0, 0).unwrap()];
+        let s = Sampled::new(
+            LogitsView::F32(lv),
+            params,
+            1,
+            rule,
+            std::iter::once((0, t.view())),
+            5,
+        )
+        .unwrap();
+        let r = verify_tree_sampled(t.view(), &s).unwrap();
+        assert_eq!(r.accepted_nodes, [0, 1, 3]);
+        assert_eq!(&r.tokens[..2], &[1, 2]);
     }
 }
