@@ -1,5 +1,6 @@
 """Sampled verification of a batch from host logits: B=8 trees of N=64 nodes, V in {32000,
-128256}, float32 logits, temperature 0.8 and top-p 0.95 (a typical serving setting).
+128256}, float32 logits, temperature 0.8 with top-p 0.95 (a typical serving setting), and
+temperature alone (where the peer needs no sort: its cheapest every-row formulation).
 
 Contenders:
 - `rust`: `ss.verify(batch, logits, temperature=0.8, top_p=0.95, seed=...)`: Rust processes
@@ -32,7 +33,8 @@ from test_verify import (
 )
 
 VOCABS = [32000, 128256]
-TEMPERATURE, TOP_P, SEED = 0.8, 0.95, 1234
+TEMPERATURE, SEED = 0.8, 1234
+TOP_PS = [0.95, 1.0]
 CONTENDERS = ["rust", "reference", "torch_peer"]
 
 
@@ -40,6 +42,8 @@ def torch_sample_every_row(
     logits: torch.Tensor, temperature: float, top_p: float, gen: torch.Generator
 ) -> torch.Tensor:
     probs = torch.softmax(logits / temperature, dim=-1)
+    if top_p >= 1.0:
+        return torch.multinomial(probs, 1, generator=gen).squeeze(-1)
     sorted_probs, order = probs.sort(dim=-1, descending=True)
     before = sorted_probs.cumsum(dim=-1) - sorted_probs
     sorted_probs = sorted_probs.masked_fill(before >= top_p, 0.0)
@@ -47,13 +51,24 @@ def torch_sample_every_row(
     return torch.multinomial(probs, 1, generator=gen).squeeze(-1)
 
 
-@pytest.mark.parametrize("contender", CONTENDERS)
-@pytest.mark.parametrize("vocab", VOCABS, ids=[f"V{v}" for v in VOCABS])
-def test_verify_sampled(benchmark, vocab, contender):
-    benchmark.group = f"verify sampled B=8 N=64 V={vocab} f32 T={TEMPERATURE} top_p={TOP_P}"
+# The reference (seconds per call) is timed with top-p only, its costlier case.
+CASES = [
+    (p, v, c)
+    for p in TOP_PS
+    for v in VOCABS
+    for c in CONTENDERS
+    if not (p == 1.0 and c == "reference")
+]
+
+
+@pytest.mark.parametrize(
+    ("top_p", "vocab", "contender"), CASES, ids=[f"p{p}-V{v}-{c}" for p, v, c in CASES]
+)
+def test_verify_sampled(benchmark, top_p, vocab, contender):
+    benchmark.group = f"verify sampled B=8 N=64 V={vocab} f32 T={TEMPERATURE} top_p={top_p}"
     batch, logits = logits_case(vocab)
     tree_batch = batch.tree_batch()
-    kw = {"temperature": TEMPERATURE, "top_p": TOP_P, "seed": SEED}
+    kw = {"temperature": TEMPERATURE, "top_p": top_p, "seed": SEED}
     expected = ss.verify(tree_batch, logits, **kw)
     rounds = None
     if contender == "rust":
@@ -74,7 +89,7 @@ def test_verify_sampled(benchmark, vocab, contender):
                 logits,  # rows are read (and converted) only where the walk goes
                 [TEMPERATURE] * nb,
                 [0] * nb,
-                [TOP_P] * nb,
+                [top_p] * nb,
                 SEED,
             )
 
@@ -84,7 +99,7 @@ def test_verify_sampled(benchmark, vocab, contender):
         gen = torch.Generator().manual_seed(SEED)
 
         def fn():
-            choice = torch_sample_every_row(logits_t, TEMPERATURE, TOP_P, gen)
+            choice = torch_sample_every_row(logits_t, TEMPERATURE, top_p, gen)
             return (*torch_verify(paths, tokens, choice), choice)
 
     with torch_threads(1):
