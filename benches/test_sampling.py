@@ -9,8 +9,9 @@ Contenders:
   seconds per call at these vocabularies); its tokens must equal Rust's (same counter-based RNG);
 - `torch_peer`: the vectorized formulation serving code writes (vLLM's sampler style):
   softmax every row `[T, V]` at the temperature, top-p by a full descending sort, one draw per
-  row with `torch.multinomial` (faster on CPU than the exponential race here), then the
-  EAGLE-style path match of benches/test_verify.py. Its draws come from torch's generator, so
+  row by inverse CDF (cumsum + searchsorted: ~10x faster on CPU than `torch.multinomial` or
+  the exponential race at these sizes), then the EAGLE-style path match of
+  benches/test_verify.py. Its draws come from torch's generator, so
   it is checked for consistency (its path is the walk of its own choices), not for equality.
 Inputs (trees, logits, path index) are built outside the timed call; torch runs on one
 intra-op thread (see benches/test_verify.py for why).
@@ -42,13 +43,15 @@ def torch_sample_every_row(
     logits: torch.Tensor, temperature: float, top_p: float, gen: torch.Generator
 ) -> torch.Tensor:
     probs = torch.softmax(logits / temperature, dim=-1)
-    if top_p >= 1.0:
-        return torch.multinomial(probs, 1, generator=gen).squeeze(-1)
-    sorted_probs, order = probs.sort(dim=-1, descending=True)
-    before = sorted_probs.cumsum(dim=-1) - sorted_probs
-    sorted_probs = sorted_probs.masked_fill(before >= top_p, 0.0)
-    probs = torch.zeros_like(probs).scatter_(-1, order, sorted_probs)
-    return torch.multinomial(probs, 1, generator=gen).squeeze(-1)
+    if top_p < 1.0:
+        sorted_probs, order = probs.sort(dim=-1, descending=True)
+        before = sorted_probs.cumsum(dim=-1) - sorted_probs
+        sorted_probs = sorted_probs.masked_fill(before >= top_p, 0.0)
+        probs = torch.zeros_like(probs).scatter_(-1, order, sorted_probs)
+    # Inverse CDF: on CPU ~10x faster than torch.multinomial or the exponential race here.
+    cdf = probs.cumsum(dim=-1)
+    u = torch.rand((len(cdf), 1), generator=gen, dtype=cdf.dtype) * cdf[:, -1:]
+    return torch.searchsorted(cdf, u, right=True).clamp_(max=cdf.shape[-1] - 1).squeeze(-1)
 
 
 # The reference (seconds per call) is timed with top-p only, its costlier case.
