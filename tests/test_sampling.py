@@ -470,3 +470,52 @@ def test_device_path_flags_nan_and_refuses_host_only_rules():
         ss.verify(t, logits, reduce="device", temperature=1.0, rule="typical")
     with pytest.raises(ValueError, match="top_p"):
         ss.verify(t, logits, reduce="device", temperature=1.0, top_p=2.0)
+
+
+def test_sampled_verify_releases_the_gil():
+    """While a thread samples a large batch in Rust, Python keeps running in another thread."""
+    from test_verify import heartbeat_gap
+
+    vocab, n = 128256, 48
+    row = np.zeros(vocab, dtype=np.float32)
+    row[7] = 60.0  # the sample is always 7: the walk visits (and processes) every row
+    tree, logits = ss.Tree.chain([7] * n), np.broadcast_to(row, (n, vocab))
+    kw = {"temperature": 1.0, "top_p": 0.9, "seed": 3}
+    assert ss.verify(tree, logits, **kw).num_accepted == n - 1
+    ratios = []
+    for _ in range(3):  # retries absorb a rare long preemption of the heartbeat thread
+        ratios.append(heartbeat_gap(lambda: ss.verify(tree, logits, **kw)))
+        if ratios[-1] < 0.5:
+            break
+    assert min(ratios) < 0.5, f"Python was blocked during verify: gap/call ratios {ratios}"
+
+
+def test_torch_cpu_inputs_take_the_host_path():
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(8)
+    parents = [-1, 0, 0, 1, 1, 2]
+    q = draft_rows(rng, len(parents))
+    tokens = sampled_tokens(rng, parents, q, replace=True)
+    logits = peaked_logits(rng, parents, tokens)
+    t = ss.Tree(parents, tokens)
+    kw = {"temperature": 0.9, "top_k": 4, "seed": 12}
+    want = ss.verify(t, logits.astype(np.float32), draft_probs=q, **kw)
+    got = ss.verify(
+        t,
+        torch.from_numpy(logits.astype(np.float32)),
+        draft_probs=torch.from_numpy(q),
+        temperature=torch.tensor(0.9),
+        top_k=4,
+        seed=np.uint64(12),
+    )
+    assert got.tokens.tolist() == want.tokens.tolist()
+    assert got.accepted_nodes.tolist() == want.accepted_nodes.tolist()
+
+
+def test_seed_none_draws_a_fresh_seed():
+    n = 64
+    logits = np.zeros((n, 50))
+    draws = {
+        tuple(ss.verify(star_batch(n), logits, temperature=1.0).tokens[:, 0]) for _ in range(3)
+    }
+    assert len(draws) == 3
