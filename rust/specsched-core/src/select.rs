@@ -6,6 +6,13 @@
 //! `T·V`. The kernel keeps eight running maxima (so the compiler vectorises it) over blocks of
 //! the row, remembers the first block that raised the maximum, and rescans only that block for
 //! the first index holding the maximum.
+//!
+//! Sampled choice processes a row as HF transformers and vLLM do (temperature, then top-k,
+//! then top-p; tie rules on [`SamplingParams`]) into unnormalized float64 weights in per-thread
+//! scratch buffers, and draws one token by inverse CDF from a counter-based uniform
+//! ([`crate::rng`]). Cost per visited row: a few linear passes (widen + max, `exp`, and one
+//! threshold pass each for top-k and top-p); only the top-p bucket where the mass crosses `p`
+//! is sorted.
 
 use half::{bf16, f16};
 use ndarray::{ArrayView1, ArrayView2, Axis};

@@ -7,6 +7,12 @@
 //! precomputed per-node choice (device argmax, target tokens) costs one lookup. A walk is
 //! O(depth · branching); a batch walks its trees independently, in parallel when the work is
 //! large enough to pay for the thread hand-off.
+//!
+//! Sampled verification ([`Sampled`]) decides per node with one of the [`Rule`]s: sample-and-
+//! match (the walk above with a sampled choice), multi-round rejection for drafts sampled from
+//! `q` (a decision per node, [`walk_steps`]; residuals computed only at rejections), and
+//! Medusa's lossy typical acceptance (a depth-first search for the deepest accepted path).
+//! Draws are keyed by (seed, request, node, draw), so results do not depend on scheduling.
 
 use rayon::prelude::*;
 
