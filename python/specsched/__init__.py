@@ -6,6 +6,7 @@ target's output (`verify`), and put the KV cache in order (`kv_compaction_plan`,
 """
 
 from specsched._core import (
+    DRAFT_SUM_TOL,
     MAX_BATCH_NODES,
     MAX_NODES,
     BatchVerifyResult,
@@ -19,6 +20,7 @@ from specsched._verify import verify
 from specsched.decide import decide
 
 __all__ = [
+    "DRAFT_SUM_TOL",
     "MAX_BATCH_NODES",
     "MAX_NODES",
     "BatchVerifyResult",

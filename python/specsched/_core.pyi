@@ -6,6 +6,7 @@ import numpy as np
 import numpy.typing as npt
 
 __all__ = [
+    "DRAFT_SUM_TOL",
     "MAX_BATCH_NODES",
     "MAX_NODES",
     "BatchVerifyResult",
@@ -23,12 +24,14 @@ __all__ = [
     "sim_path_probs",
     "sim_simulate",
     "verify_greedy",
+    "verify_sampled",
     "verify_target_tokens",
 ]
 
 __version__: str
 MAX_NODES: int
 MAX_BATCH_NODES: int
+DRAFT_SUM_TOL: float
 
 @final
 class Tree:
@@ -208,6 +211,23 @@ def verify_greedy(
     tree: Tree | TreeBatch, logits: npt.ArrayLike, logits_dtype: str | None = None
 ) -> VerifyResult | BatchVerifyResult:
     """Greedy verification from host logits; only the visited rows are reduced."""
+
+def verify_sampled(
+    tree: Tree | TreeBatch,
+    logits: npt.ArrayLike,
+    temperature: npt.NDArray[np.float64],
+    top_k: npt.NDArray[np.int64],
+    top_p: npt.NDArray[np.float64],
+    seed: int,
+    *,
+    logits_dtype: str | None = None,
+    rule: str = "match",
+    draft_probs: npt.ArrayLike | None = None,
+    without_replacement: bool = False,
+    posterior_threshold: float = 0.09,
+    posterior_alpha: float = 0.3,
+) -> VerifyResult | BatchVerifyResult:
+    """Sampled verification from host logits ("match", "rejection" or lossy "typical")."""
 
 def kv_compaction_plan(
     result: VerifyResult | BatchVerifyResult, prefix_lens: npt.ArrayLike

@@ -101,6 +101,151 @@ def device_argmax(logits: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
     return np.where(nan_rows, -1 - out, out), nan_rows
 
 
+_MASK64 = (1 << 64) - 1
+_GOLDEN = 0x9E3779B97F4A7C15
+
+
+def _signed64(x: int) -> int:
+    """A u64 constant as the int64 with the same bits (torch has no uint64 arithmetic)."""
+    x &= _MASK64
+    return x - (1 << 64) if x >= 1 << 63 else x
+
+
+def _srl(z: torch.Tensor, s: int) -> torch.Tensor:
+    """Logical right shift of int64 bit patterns (torch's `>>` is arithmetic)."""
+    return (z >> s) & ((1 << (64 - s)) - 1)
+
+
+def _mix64(z: torch.Tensor) -> torch.Tensor:
+    # int64 products wrap mod 2^64 on CPU and CUDA, as u64 products do.
+    z = (z ^ _srl(z, 30)) * _signed64(0xBF58476D1CE4E5B9)
+    z = (z ^ _srl(z, 27)) * _signed64(0x94D049BB133111EB)
+    return z ^ _srl(z, 31)
+
+
+def uniform(seed: int, request: torch.Tensor, node: torch.Tensor, draw: int) -> torch.Tensor:
+    """`reference.rng_uniform` for int64 tensors of request and node indices (float64)."""
+    import torch
+
+    h = _mix64(torch.full_like(request, _signed64(seed + _GOLDEN)))
+    for c in (request, node, torch.full_like(request, draw)):
+        h = _mix64(h ^ (c + _signed64(_GOLDEN)))
+    return (_srl(h, 11).to(torch.float64) + 0.5) / float(1 << 53)
+
+
+def _node_keys(tree: Any) -> tuple[np.ndarray, np.ndarray]:
+    """Request index and tree-local index of every node, `[T]` int64 each."""
+    offsets = getattr(tree, "offsets", None)
+    if offsets is None:
+        n = tree.num_nodes
+        return np.zeros(n, dtype=np.int64), np.arange(n, dtype=np.int64)
+    sizes = np.diff(offsets)
+    request = np.repeat(np.arange(len(sizes), dtype=np.int64), sizes)
+    return request, np.arange(int(offsets[-1]), dtype=np.int64) - offsets[:-1][request]
+
+
+def device_sample(
+    logits: torch.Tensor,
+    tree: Any,
+    temperature: np.ndarray,
+    top_k: np.ndarray,
+    top_p: np.ndarray,
+    seed: int,
+) -> tuple[np.ndarray, np.ndarray]:
+    """One target token per node on the logits' device: `(choice int64 [T], invalid bool [T])`.
+
+    The same processing (temperature → top-k → top-p, ties as in docs/api.md) and the same
+    counter-based uniform per (seed, request, node) as the host path, drawn by inverse CDF;
+    greedy requests (temperature 0) take the argmax. Rows with a NaN or no finite logit are
+    flagged invalid (an error if the walk reaches them). Every row is processed (the device
+    cannot know the walk); only the `[T]` results cross to the host, in one transfer.
+    """
+    import torch
+
+    request, local = _node_keys(tree)
+    num_requests = int(request[-1]) + 1 if len(request) else 1
+    for name, arr in (("temperature", temperature), ("top_k", top_k), ("top_p", top_p)):
+        if len(arr) not in (1, num_requests):
+            raise ValueError(
+                f"{name}: has {len(arr)} entries; expected 1 or one per request ({num_requests})"
+            )
+    bad_t = ~np.isfinite(temperature) | (temperature < 0)
+    if bad_t.any():
+        i = int(np.argmax(bad_t))
+        raise ValueError(
+            f"temperature: entry {i} is {temperature[i]}; expected a finite value >= 0"
+        )
+    if (top_k < 0).any():
+        i = int(np.argmax(top_k < 0))
+        raise ValueError(f"top_k: entry {i} is {top_k[i]}; expected >= 0 (0 or None = no top-k)")
+    bad_p = ~((top_p > 0) & (top_p <= 1))
+    if bad_p.any():
+        i = int(np.argmax(bad_p))
+        raise ValueError(f"top_p: entry {i} is {top_p[i]}; expected a value in (0, 1]")
+
+    def per_node(arr: np.ndarray) -> np.ndarray:
+        return (
+            arr[np.minimum(request, len(arr) - 1)] if len(arr) > 1 else np.repeat(arr, len(request))
+        )
+
+    device = logits.device
+    cdt = torch.float64 if logits.dtype == torch.float64 else torch.float32
+    vocab = logits.shape[1]
+    with torch.no_grad():
+        x = logits.detach().to(cdt)
+        t = torch.as_tensor(per_node(temperature), device=device)
+        k = torch.as_tensor(per_node(top_k), device=device)
+        p = torch.as_tensor(per_node(top_p), device=device)
+        invalid = torch.isnan(x).any(dim=-1)
+        greedy_choice = torch.argmax(x, dim=-1)
+        m = x.max(dim=-1, keepdim=True).values
+        invalid |= m.squeeze(-1) == float("-inf")
+        pos_inf = m == float("inf")
+        x = torch.where(pos_inf, torch.where(x == float("inf"), 0.0, float("-inf")).to(cdt), x)
+        m = torch.where(pos_inf, 0.0, m).to(cdt)
+        sampled = t > 0
+        z = (x - m) / torch.where(sampled, t, 1.0).to(cdt)[:, None]
+        use_k = (k > 0) & (k < vocab)
+        if bool(use_k.any()):
+            kmax = int(k[use_k].max())
+            top = torch.topk(z, kmax, dim=-1).values
+            kth = top.gather(-1, (k.clamp(1, kmax) - 1)[:, None])
+            z = torch.where(use_k[:, None] & (z < kth), float("-inf"), z)
+        w = torch.exp(z)
+        total = w.sum(dim=-1)
+        use_p = p < 1
+        if bool(use_p.any()):
+            # Descending, ties to the lower id: a stable sort keeps equal values in id order.
+            zs, order = torch.sort(z, dim=-1, descending=True, stable=True)
+            ws = torch.exp(zs)
+            before = torch.cumsum(ws, dim=-1) - ws
+            keep_sorted = before < (p.to(cdt) * total)[:, None]
+            keep = torch.empty_like(keep_sorted).scatter_(-1, order, keep_sorted)
+            w = torch.where(use_p[:, None] & ~keep, 0.0, w).to(cdt)
+            total = w.sum(dim=-1)
+        u = uniform(
+            seed,
+            torch.as_tensor(request, device=device),
+            torch.as_tensor(local, device=device),
+            0,
+        )
+        target = (u * total.to(torch.float64)).to(cdt)
+        cum = torch.cumsum(w, dim=-1)
+        idx = torch.searchsorted(cum, target[:, None], right=True).squeeze(-1)
+        last = torch.where(w > 0, torch.arange(vocab, device=device), -1).max(dim=-1).values
+        idx = torch.where(idx >= vocab, last, idx)
+        choice = torch.where(sampled, idx, greedy_choice)
+        packed = torch.stack([choice, invalid.to(torch.int64)])
+        if packed.device.type == "cuda":
+            host = torch.empty(packed.shape, dtype=torch.int64, pin_memory=True)
+            host.copy_(packed, non_blocking=True)
+            torch.cuda.current_stream(packed.device).synchronize()
+        else:
+            host = packed
+    out = host.numpy()
+    return out[0], out[1].astype(bool)
+
+
 def compact_on_device(cache: torch.Tensor, moves: tuple[Any, Any, Any, int, int]) -> None:
     """Applies checked moves `(req, src, dst, seq_dim, batch_dim)` to a device tensor in place.
 

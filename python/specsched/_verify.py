@@ -1,20 +1,28 @@
 """`verify`: the longest accepted path of a tree (or a batch) against the target's output.
 
-Greedy verification per DESIGN §4: the target's choice at node v is the argmax of row v
-(ties to the lowest id); the walk accepts, from the root, the first child whose token equals
-the choice, and stops with the choice as the bonus token. Host logits (numpy, torch CPU in any
-float format) are read in place by Rust, which reduces only the rows the walk visits; CUDA
-logits are reduced on the device and only `[T]` choices cross to the host.
+Verification per DESIGN §4: decide per node, then walk from the root. Greedy (the default,
+and temperature 0): the target's choice at node v is the argmax of row v (ties to the lowest
+id). Sampled (temperature > 0): the target's processed distribution (temperature → top-k →
+top-p) decides, under one of the lossless rules, or Medusa's lossy typical acceptance on
+request. Host logits (numpy, torch CPU in any float format) are read in place by Rust, which
+processes only the rows the walk visits; CUDA logits are reduced on the device (argmax or one
+sample per node) and only `[T]` choices cross to the host.
 """
 
 from __future__ import annotations
 
+import secrets
 from typing import Any, Literal
+
+import numpy as np
 
 from specsched import _core, _torch
 from specsched._core import BatchVerifyResult, Tree, TreeBatch, VerifyResult
 
 Reduce = Literal["auto", "host", "device"]
+DraftSampling = Literal["with_replacement", "without_replacement"]
+
+_U64 = 1 << 64
 
 
 def verify(
@@ -23,21 +31,71 @@ def verify(
     *,
     target_tokens: Any = None,
     reduce: Reduce = "auto",
+    temperature: Any = None,
+    top_k: Any = None,
+    top_p: Any = None,
+    seed: int | None = None,
+    draft_probs: Any = None,
+    draft_sampling: DraftSampling = "with_replacement",
+    rule: Literal["typical"] | None = None,
+    posterior_threshold: float = 0.09,
+    posterior_alpha: float = 0.3,
 ) -> VerifyResult | BatchVerifyResult:
-    """Greedy verification of `tree` (a Tree or a TreeBatch).
+    """Verifies `tree` (a Tree or a TreeBatch) against the target.
 
     Pass exactly one of `logits` (`[N, V]` / `[T, V]`: numpy float16/32/64, or a torch tensor on
     any device, bfloat16 included) or `target_tokens` (the target's choice per node, `[N]` /
     `[T]`). `reduce` picks where logits are reduced: "host" (Rust, visited rows only), "device"
-    (torch argmax over every row on the tensor's device, then the walk), or "auto" (host for
-    CPU memory, device for CUDA).
+    (torch, every row on the tensor's device, then the walk), or "auto" (host for CPU memory,
+    device for CUDA).
+
+    Without sampling arguments this is the greedy walk. `temperature` (a float, or one per
+    request of a batch; 0 = greedy for that request), `top_k` (int or per request; 0/None = off)
+    and `top_p` (float or per request in (0, 1]; None = 1 = off) process the target row in that
+    order, as HF transformers and vLLM do (see docs/api.md for the exact tie rules). `seed`
+    (an int in [0, 2**64); None draws one) keys the counter-based draws: the same seed gives
+    the same tokens, whatever the thread count, batch composition or call order.
+
+    Rules: deterministic drafts (the default): sample the target at each node and accept the
+    child holding that token (lossless). `draft_probs` (`[N, V]` / `[T, V]`, float32/64, row v =
+    the draft distribution v's children were drawn from, rows summing to 1 within
+    `DRAFT_SUM_TOL`) selects multi-round rejection (SpecInfer) for children drawn
+    `draft_sampling="with_replacement"` or `"without_replacement"` (lossless). `rule="typical"`
+    is Medusa's typical acceptance with `posterior_threshold` / `posterior_alpha`: it CHANGES
+    the output distribution (lossy) and is never the default.
     """
     if (logits is None) == (target_tokens is None):
         raise TypeError("verify: pass exactly one of logits or target_tokens")
     if reduce not in ("auto", "host", "device"):
         raise ValueError(f"reduce: expected 'auto', 'host' or 'device', got {reduce!r}")
+    sampling = not (
+        temperature is None
+        and top_k is None
+        and top_p is None
+        and draft_probs is None
+        and rule is None
+    )
     if target_tokens is not None:
+        if sampling:
+            raise TypeError(
+                "target_tokens: sampling arguments need logits (target_tokens are the choices)"
+            )
         return _core.verify_target_tokens(tree, _torch.host_array(target_tokens))
+    if sampling:
+        return _verify_sampled(
+            tree,
+            logits,
+            reduce,
+            temperature,
+            top_k,
+            top_p,
+            seed,
+            draft_probs,
+            draft_sampling,
+            rule,
+            posterior_threshold,
+            posterior_alpha,
+        )
     if _torch.is_tensor(logits):
         on_device = logits.device.type != "cpu"
         if on_device and reduce == "host":
@@ -45,8 +103,7 @@ def verify(
                 f"reduce: 'host' needs logits in CPU memory, got a tensor on {logits.device}"
             )
         if on_device or reduce == "device":
-            if not isinstance(tree, (Tree, TreeBatch)):
-                raise TypeError(f"tree: expected a Tree or a TreeBatch, got {type(tree).__name__}")
+            _check_tree(tree)
             _torch.check_logits(logits, tree.num_nodes)
             choice, nan_rows = _torch.device_argmax(logits)
             return _core.verify_target_tokens(tree, choice, nan_rows)
@@ -55,3 +112,119 @@ def verify(
     if reduce == "device":
         raise ValueError("reduce: 'device' needs torch logits")
     return _core.verify_greedy(tree, logits)
+
+
+def _check_tree(tree: Any) -> None:
+    if not isinstance(tree, (Tree, TreeBatch)):
+        raise TypeError(f"tree: expected a Tree or a TreeBatch, got {type(tree).__name__}")
+
+
+def _param(value: Any, name: str, default: float | int, integer: bool) -> np.ndarray:
+    """A per-request parameter as a 1-D array (a scalar becomes one entry)."""
+    if value is None:
+        value = default
+    if _torch.is_tensor(value):
+        value = _torch.host_array(value)
+    try:
+        arr = np.asarray(value)
+    except (TypeError, ValueError) as e:
+        raise TypeError(f"{name}: expected a number or a 1-D array of numbers: {e}") from None
+    if arr.dtype == np.bool_ or not (
+        np.issubdtype(arr.dtype, np.integer)
+        or (not integer and np.issubdtype(arr.dtype, np.floating))
+    ):
+        kind = "integers" if integer else "numbers"
+        raise TypeError(f"{name}: expected {kind}, got dtype {arr.dtype}")
+    if arr.ndim > 1:
+        raise ValueError(f"{name}: expected a scalar or a 1-D array, got shape {arr.shape}")
+    return np.ascontiguousarray(arr.reshape(-1), dtype=np.int64 if integer else np.float64)
+
+
+def _seed(seed: Any) -> int:
+    if seed is None:
+        return secrets.randbits(64)
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
+        raise TypeError(f"seed: expected an int, got {type(seed).__name__}")
+    if not 0 <= int(seed) < _U64:
+        raise ValueError(f"seed: expected an int in [0, 2**64), got {seed}")
+    return int(seed)
+
+
+def _verify_sampled(
+    tree: Any,
+    logits: Any,
+    reduce: Reduce,
+    temperature: Any,
+    top_k: Any,
+    top_p: Any,
+    seed: Any,
+    draft_probs: Any,
+    draft_sampling: Any,
+    rule: Any,
+    posterior_threshold: Any,
+    posterior_alpha: Any,
+) -> VerifyResult | BatchVerifyResult:
+    temps = _param(temperature, "temperature", 0.0, integer=False)
+    ks = _param(top_k, "top_k", 0, integer=True)
+    ps = _param(top_p, "top_p", 1.0, integer=False)
+    seed = _seed(seed)
+    if draft_sampling not in ("with_replacement", "without_replacement"):
+        raise ValueError(
+            "draft_sampling: expected 'with_replacement' or 'without_replacement', "
+            f"got {draft_sampling!r}"
+        )
+    if rule not in (None, "typical"):
+        raise ValueError(f"rule: expected None or 'typical', got {rule!r}")
+    if rule == "typical" and draft_probs is not None:
+        raise ValueError("draft_probs: typical acceptance does not use draft probabilities")
+    core_rule = (
+        "typical" if rule == "typical" else ("match" if draft_probs is None else "rejection")
+    )
+    for name, x in (
+        ("posterior_threshold", posterior_threshold),
+        ("posterior_alpha", posterior_alpha),
+    ):
+        if isinstance(x, bool) or not isinstance(x, (int, float, np.integer, np.floating)):
+            raise TypeError(f"{name}: expected a float, got {type(x).__name__}")
+    dtype = None
+    if _torch.is_tensor(logits):
+        on_device = logits.device.type != "cpu"
+        if on_device and reduce == "host":
+            raise ValueError(
+                f"reduce: 'host' needs logits in CPU memory, got a tensor on {logits.device}"
+            )
+        if on_device or reduce == "device":
+            if core_rule != "match":
+                raise ValueError(
+                    f"reduce: the device path samples deterministic drafts only; rule "
+                    f"{core_rule!r} needs logits (and draft_probs) in CPU memory"
+                )
+            _check_tree(tree)
+            _torch.check_logits(logits, tree.num_nodes)
+            choice, nan_rows = _torch.device_sample(logits, tree, temps, ks, ps, seed)
+            return _core.verify_target_tokens(tree, choice, nan_rows)
+        logits, dtype = _torch.cpu_view(logits)
+    elif reduce == "device":
+        raise ValueError("reduce: 'device' needs torch logits")
+    if draft_probs is not None and _torch.is_tensor(draft_probs):
+        if draft_probs.device.type != "cpu":
+            raise ValueError(
+                f"draft_probs: expected CPU memory for host verification, got {draft_probs.device}"
+            )
+        draft_probs, probs_dtype = _torch.cpu_view(draft_probs)
+        if probs_dtype is not None:
+            raise TypeError("draft_probs: expected float32 or float64, got torch.bfloat16")
+    return _core.verify_sampled(
+        tree,
+        logits,
+        temps,
+        ks,
+        ps,
+        seed,
+        logits_dtype=dtype,
+        rule=core_rule,
+        draft_probs=draft_probs,
+        without_replacement=draft_sampling == "without_replacement",
+        posterior_threshold=float(posterior_threshold),
+        posterior_alpha=float(posterior_alpha),
+    )

@@ -39,6 +39,7 @@ __all__ = [
     "batch_paths",
     "batch_positions",
     "batch_sglang_links",
+    "batch_verify_sampled",
     "batch_verify_walk",
     "chain_parents",
     "commit_slots",
@@ -52,15 +53,19 @@ __all__ = [
     "padded_mask",
     "paths",
     "positions",
+    "processed_probs",
     "qlen_mask",
     "ragged_bias",
     "ragged_mask",
+    "rng_uniform",
+    "sample_index",
     "sglang_links",
     "sglang_outputs",
     "validate_batch",
     "validate_offsets",
     "validate_tree",
     "verify_logits",
+    "verify_sampled",
     "verify_walk",
 ]
 
@@ -812,3 +817,255 @@ def sim_simulate(
             accepted, _ = _walk(parents, ids, choice)
             hist[len(accepted) - 1] += 1
     return hist
+
+
+# --------------------------------------------------------------------------------------------
+# sampling verification (issue 4)
+# --------------------------------------------------------------------------------------------
+
+_MASK64 = (1 << 64) - 1
+_GOLDEN = 0x9E3779B97F4A7C15
+
+
+def _mix64(z: int) -> int:
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return z ^ (z >> 31)
+
+
+def rng_uniform(seed: int, request: int, node: int, draw: int) -> float:
+    """The counter-based uniform in (0, 1) of DESIGN §4's sampled rules: splitmix64's
+    finaliser chained over ``seed, request, node, draw`` (each counter offset by the golden
+    ratio constant, arithmetic mod 2^64); the top 53 bits, plus one half, over 2^53."""
+    h = _mix64((seed + _GOLDEN) & _MASK64)
+    for c in (request, node, draw):
+        h = _mix64(h ^ ((c + _GOLDEN) & _MASK64))
+    return ((h >> 11) + 0.5) / float(1 << 53)
+
+
+def processed_probs(
+    row: Sequence[float], temperature: float, top_k: int = 0, top_p: float = 1.0
+) -> list[float]:
+    """The target's processed distribution of one logits row (temperature > 0).
+
+    Order and ties as HF transformers / vLLM: ``z = (l - max) / temperature``; top-k (0 = off)
+    keeps every token whose ``z`` is at least the k-th largest (all ties at the k-th value are
+    kept); top-p (1 = off) sorts the renormalized distribution descending with ties to the lower
+    token id and keeps a token iff the mass before it is below ``top_p``. ``+inf`` logits share
+    the mass evenly. ValueError on NaN or a row without a finite logit.
+    """
+    xs = [float(x) for x in row]
+    if any(math.isnan(x) for x in xs):
+        raise ValueError("row contains NaN")
+    m = max(xs)
+    if m == NEG_INF:
+        raise ValueError("row has no finite logit")
+    if m == math.inf:
+        xs = [0.0 if x == math.inf else NEG_INF for x in xs]
+        m = 0.0
+    z = [(x - m) / temperature for x in xs]
+    if 0 < top_k < len(z):
+        kth = sorted(z, reverse=True)[top_k - 1]
+        z = [x if x >= kth else NEG_INF for x in z]
+    w = [math.exp(x) for x in z]
+    total = sum(w)
+    probs = [x / total for x in w]
+    if top_p < 1.0:
+        order = sorted(range(len(z)), key=lambda i: (-z[i], i))
+        keep = [False] * len(z)
+        before = 0.0
+        for i in order:
+            if probs[i] == 0.0:
+                break
+            if before < top_p:
+                keep[i] = True
+            before += probs[i]
+        kept = sum(p for p, k in zip(probs, keep, strict=True) if k)
+        probs = [p / kept if k else 0.0 for p, k in zip(probs, keep, strict=True)]
+    return probs
+
+
+def sample_index(probs: Sequence[float], u: float) -> int:
+    """Inverse-CDF draw: the first token (in id order) whose cumulative probability exceeds
+    ``u``; the last token of positive probability if rounding leaves the sum short."""
+    cum = 0.0
+    last = 0
+    for i, p in enumerate(probs):
+        if p > 0.0:
+            cum += p
+            last = i
+            if cum > u:
+                return i
+    return last
+
+
+def _sampled_walk(
+    parents: Sequence[int],
+    tokens: Sequence[int],
+    logits_rows: Any,
+    temperature: float,
+    top_k: int,
+    top_p: float,
+    seed: int,
+    request: int,
+    rule: str,
+    draft_rows: Any,
+    without_replacement: bool,
+    posterior_threshold: float,
+    posterior_alpha: float,
+) -> tuple[list[int], list[int]]:
+    kids = _children(parents)
+
+    def probs(v: int) -> list[float]:
+        try:
+            return processed_probs(logits_rows[v], temperature, top_k, top_p)
+        except ValueError as e:
+            raise ValueError(f"logits row {v}: {e}") from None
+
+    def sample(v: int) -> int:
+        return sample_index(probs(v), rng_uniform(seed, request, v, 0))
+
+    if temperature == 0.0:
+        return verify_logits(parents, tokens, logits_rows)
+    if rule == "match":
+        return _walk(parents, tokens, sample)
+    if rule == "rejection":
+        accepted = [0]
+        emitted: list[int] = []
+        v = 0
+        while True:
+            if not kids[v]:
+                emitted.append(sample(v))
+                return accepted, emitted
+            p = probs(v)
+            q_raw = [float(x) for x in draft_rows[v]]
+            q = [x / sum(q_raw) for x in q_raw]
+            nxt = -1
+            for j, c in enumerate(kids[v]):
+                x = tokens[c]
+                if rng_uniform(seed, request, v, j + 1) < p[x] / q[x]:
+                    nxt = c
+                    break
+                res = [max(a - b, 0.0) for a, b in zip(p, q, strict=True)]
+                mass = sum(res)
+                if mass > 0.0:
+                    p = [r / mass for r in res]
+                if without_replacement:
+                    q[x] = 0.0
+                    qm = sum(q)
+                    if qm > 0.0:
+                        q = [y / qm for y in q]
+            if nxt < 0:
+                emitted.append(sample_index(p, rng_uniform(seed, request, v, 0)))
+                return accepted, emitted
+            emitted.append(tokens[nxt])
+            accepted.append(nxt)
+            v = nxt
+    if rule == "typical":
+        # Deepest path over accepted edges; DFS in index order, first deepest wins.
+        best = [0]
+        bonus: dict[int, int] = {}
+
+        def dfs(v: int, path: list[int]) -> None:
+            nonlocal best
+            p = probs(v)
+            bonus[v] = sample_index(p, rng_uniform(seed, request, v, 0))
+            if len(path) > len(best):
+                best = list(path)
+            entropy = -sum(x * math.log(x + 1e-5) for x in p if x > 0.0)
+            cut = min(posterior_threshold, posterior_alpha * math.exp(-entropy))
+            for c in kids[v]:
+                if 0 <= tokens[c] < len(p) and p[tokens[c]] > cut:
+                    dfs(c, [*path, c])
+
+        dfs(0, [0])
+        return best, [tokens[c] for c in best[1:]] + [bonus[best[-1]]]
+    raise ValueError(f"unknown rule {rule!r}")
+
+
+def verify_sampled(
+    parents: Sequence[int],
+    tokens: Sequence[int],
+    logits_rows: Any,
+    temperature: float,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    seed: int = 0,
+    *,
+    request: int = 0,
+    rule: str = "match",
+    draft_rows: Any = None,
+    without_replacement: bool = False,
+    posterior_threshold: float = 0.09,
+    posterior_alpha: float = 0.3,
+) -> tuple[list[int], list[int]]:
+    """Sampled verification of one tree (DESIGN §4): ``(accepted_nodes, tokens)``.
+
+    Node v of request ``request`` draws ``rng_uniform(seed, request, v, d)``: ``d = 0`` for the
+    target's sample at v (the bonus), ``d = j`` for the coin of v's j-th child (1-based).
+    Temperature 0 is the greedy walk under every rule.
+
+    - ``"match"`` (deterministic drafts): y = a sample of the processed target at v; the first
+      child with token y is accepted, else y is the bonus.
+    - ``"rejection"`` (children drawn from ``q = draft_rows[v]``): for each child x in index
+      order accept iff ``u < p(x) / q(x)``; on rejection ``p <- norm(max(p - q, 0))`` (kept if
+      that is empty) and, ``without_replacement``, ``q <- norm(q with q(x) = 0)``; the bonus after
+      rejecting every child is a sample of the final p. A leaf's bonus is a sample of p.
+    - ``"typical"`` (lossy, Medusa): a child x is accepted iff
+      ``p(x) > min(posterior_threshold, posterior_alpha * exp(-H))``,
+      ``H = -sum p ln(p + 1e-5)``; the deepest accepted path wins, ties to the lowest node
+      indices; the bonus is the stop node's sample.
+    """
+    return _sampled_walk(
+        parents,
+        tokens,
+        logits_rows,
+        temperature,
+        top_k,
+        top_p,
+        seed,
+        request,
+        rule,
+        draft_rows,
+        without_replacement,
+        posterior_threshold,
+        posterior_alpha,
+    )
+
+
+def batch_verify_sampled(
+    parents: Sequence[int],
+    tokens: Sequence[int],
+    offsets: Sequence[int],
+    logits_rows: Any,
+    temperature: Sequence[float],
+    top_k: Sequence[int],
+    top_p: Sequence[float],
+    seed: int = 0,
+    **rule: Any,
+) -> tuple[list[int], list[list[int]], list[list[int]]]:
+    """:func:`verify_sampled` per tree of a flat batch, tree b as request b with its own
+    ``temperature[b]``, ``top_k[b]``, ``top_p[b]``; outputs as :func:`batch_verify_walk`."""
+    trees = _trees(offsets)
+    width = max(_max_depth(parents[start:end]) for start, end in trees) + 1
+    draft_rows = rule.pop("draft_rows", None)
+    num_acc: list[int] = []
+    acc_out: list[list[int]] = []
+    tok_out: list[list[int]] = []
+    for b, (start, end) in enumerate(trees):
+        acc, emitted = verify_sampled(
+            parents[start:end],
+            tokens[start:end],
+            logits_rows[start:end],
+            temperature[b],
+            top_k[b],
+            top_p[b],
+            seed,
+            request=b,
+            draft_rows=None if draft_rows is None else draft_rows[start:end],
+            **rule,
+        )
+        num_acc.append(len(acc) - 1)
+        acc_out.append(acc + [-1] * (width - len(acc)))
+        tok_out.append(emitted + [-1] * (width - len(emitted)))
+    return num_acc, acc_out, tok_out

@@ -9,6 +9,7 @@
 pub mod error;
 pub mod kv;
 pub mod layout;
+pub mod rng;
 pub mod select;
 pub mod sim;
 pub mod topology;

@@ -7,10 +7,18 @@
 //! precomputed per-node choice (device argmax, target tokens) costs one lookup. A walk is
 //! O(depth · branching); a batch walks its trees independently, in parallel when the work is
 //! large enough to pay for the thread hand-off.
+//!
+//! Sampled verification ([`Sampled`]) decides per node with one of the [`Rule`]s: sample-and-
+//! match (the walk above with a sampled choice), multi-round rejection for drafts sampled from
+//! `q` (a decision per node, [`walk_steps`]; residuals computed only at rejections), and
+//! Medusa's lossy typical acceptance (a depth-first search for the deepest accepted path).
+//! Draws are keyed by (seed, request, node, draw), so results do not depend on scheduling.
 
 use rayon::prelude::*;
 
 use crate::error::{Error, Result};
+use crate::rng;
+use crate::select::{sample_weights, with_scratch, LogitsView, ProbsView, SamplingParams};
 use crate::tree::{IndexLike, TreeBatch, TreeRef};
 
 /// Walks one tree. `choose(v)` returns the target's token after tree-local node `v`.
@@ -128,6 +136,19 @@ pub fn verify_batch<F>(batch: &TreeBatch, choose: F, row_cost: usize) -> Result<
 where
     F: Fn(usize) -> Result<i64> + Sync,
 {
+    verify_batch_with(
+        batch,
+        |_, tree, base, acc, tok| walk(tree, |v| choose(base + v), acc, tok),
+        row_cost,
+    )
+}
+
+/// Verifies every tree of `batch` with `walker(b, tree, base, accepted, emitted) -> k`, which
+/// walks request `b` (its first node is global index `base`) and writes its row like [`walk`].
+pub fn verify_batch_with<W>(batch: &TreeBatch, walker: W, row_cost: usize) -> Result<BatchVerified>
+where
+    W: Fn(usize, TreeRef<'_>, usize, &mut [i32], &mut [i64]) -> Result<usize> + Sync,
+{
     let b = batch.num_trees();
     let width = batch.max_depth() as usize + 1;
     let mut out = BatchVerified {
@@ -139,8 +160,7 @@ where
     };
     let offsets = batch.offsets();
     let one = |(i, ((acc, tok), num)): (usize, RowMut<'_>)| {
-        let base = offsets[i];
-        let k = walk(batch.tree(i), |v| choose(base + v), acc, tok)?;
+        let k = walker(i, batch.tree(i), offsets[i], acc, tok)?;
         *num = k as i32;
         // The walk wrote k + 1 entries; the rest of the row stays -1 padding.
         acc[k + 1..].fill(-1);
@@ -229,6 +249,438 @@ pub fn sglang_outputs(r: &BatchVerified) -> Result<(Vec<i32>, Vec<i32>, Vec<i32>
     Ok((predicts, accept_index, r.num_accepted.clone()))
 }
 
+// ------------------------------------------------------------------------------------------
+// Sampled verification: sample-and-match, multi-round rejection (SpecInfer / Sequoia) and
+// typical acceptance, each deciding per node lazily, only where the walk goes.
+// ------------------------------------------------------------------------------------------
+
+/// One decision of a walk at node `v`: accept a child (tree-local), or stop with a bonus.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Step {
+    Accept(usize),
+    Stop(i64),
+}
+
+/// Walks one tree with a per-node decision; writes `accepted` / `emitted` like [`walk`].
+pub fn walk_steps<F>(
+    tree: TreeRef<'_>,
+    mut decide: F,
+    accepted: &mut [i32],
+    emitted: &mut [i64],
+) -> Result<usize>
+where
+    F: FnMut(usize) -> Result<Step>,
+{
+    accepted[0] = 0;
+    let mut v = 0usize;
+    let mut k = 0usize;
+    loop {
+        match decide(v)? {
+            Step::Accept(c) => {
+                emitted[k] = tree.tokens[c];
+                k += 1;
+                accepted[k] = c as i32;
+                v = c;
+            }
+            Step::Stop(y) => {
+                emitted[k] = y;
+                return Ok(k);
+            }
+        }
+    }
+}
+
+/// Verifies one tree with `walker(tree, accepted, emitted) -> k`.
+pub fn verify_tree_with<W>(tree: TreeRef<'_>, walker: W) -> Result<Verified>
+where
+    W: FnOnce(TreeRef<'_>, &mut [i32], &mut [i64]) -> Result<usize>,
+{
+    let width = tree.max_depth as usize + 1;
+    let mut accepted = vec![0i32; width];
+    let mut emitted = vec![0i64; width];
+    let k = walker(tree, &mut accepted, &mut emitted)?;
+    accepted.truncate(k + 1);
+    emitted.truncate(k + 1);
+    Ok(Verified {
+        accepted_nodes: accepted,
+        tokens: emitted,
+        num_nodes: tree.num_nodes(),
+    })
+}
+
+/// How a sampled verification decides at each node (DESIGN §4).
+#[derive(Debug, Clone)]
+pub enum Rule<'a> {
+    /// Deterministic drafts: sample `y[v]` from the processed target, accept the first child
+    /// whose token is `y[v]`. Lossless; acceptance at `v` is the target mass on its children.
+    Match,
+    /// Drafts sampled from `q` (row `v` of `draft_probs` drew `v`'s children). For each child
+    /// `x` in index order: accept w.p. `min(1, p(x) / q(x))`; on rejection
+    /// `p <- norm(max(p - q, 0))` and, without replacement, `q <- norm(q with q(x) = 0)`; if
+    /// every child is rejected the bonus is drawn from the final `p`. Lossless (SpecInfer,
+    /// arXiv 2305.09781; Sequoia / EAGLE-1 without replacement).
+    Rejection {
+        draft_probs: ProbsView<'a>,
+        without_replacement: bool,
+    },
+    /// Medusa's typical acceptance: LOSSY. A child `x` of `v` is accepted iff
+    /// `p(x) > min(posterior_threshold, posterior_alpha * exp(-H(p)))`, `H(p) = -Σ p ln(p + 1e-5)`
+    /// as Medusa computes it; the deepest accepted path wins (ties to the lowest node
+    /// indices) and its stop node's bonus is a draw from `p`.
+    Typical {
+        posterior_threshold: f64,
+        posterior_alpha: f64,
+    },
+}
+
+/// Node keys of the counter-based draws: draw 0 is a node's target sample (bonus), draw
+/// `j >= 1` the acceptance coin of its j-th child.
+const DRAW_SAMPLE: u64 = 0;
+
+/// A sampled verification: the target logits, per-request processing, the seed and the rule.
+/// Request `b`'s node `v` draws from `rng::uniform(seed, b, v, draw)`; a single tree is
+/// request 0. Greedy requests (temperature 0) take the argmax walk under every rule.
+pub struct Sampled<'a> {
+    logits: LogitsView<'a>,
+    params: Vec<SamplingParams>,
+    seed: u64,
+    rule: Rule<'a>,
+}
+
+impl<'a> Sampled<'a> {
+    /// Checks the inputs against the trees `(base, tree)` (global index of the first node):
+    /// logits rows, one parameter set per tree, and for the rejection rule `draft_probs` of
+    /// the logits' shape, every drafted token inside its vocabulary with a positive draft
+    /// probability at its parent, and (without replacement) no repeated sibling tokens.
+    pub fn new<'t>(
+        logits: LogitsView<'a>,
+        params: Vec<SamplingParams>,
+        seed: u64,
+        rule: Rule<'a>,
+        trees: impl ExactSizeIterator<Item = (usize, TreeRef<'t>)>,
+        num_nodes: usize,
+    ) -> Result<Self> {
+        logits.check(num_nodes)?;
+        if params.len() != trees.len() {
+            return Err(Error::value(
+                "temperature",
+                format!(
+                    "has {} parameter sets, expected one per request ({})",
+                    params.len(),
+                    trees.len()
+                ),
+            ));
+        }
+        match &rule {
+            Rule::Match => {}
+            Rule::Typical {
+                posterior_threshold,
+                posterior_alpha,
+            } => {
+                if !(posterior_threshold.is_finite() && *posterior_threshold >= 0.0) {
+                    return Err(Error::value(
+                        "posterior_threshold",
+                        format!("is {posterior_threshold}; expected a finite value >= 0"),
+                    ));
+                }
+                if !(posterior_alpha.is_finite() && *posterior_alpha >= 0.0) {
+                    return Err(Error::value(
+                        "posterior_alpha",
+                        format!("is {posterior_alpha}; expected a finite value >= 0"),
+                    ));
+                }
+            }
+            Rule::Rejection {
+                draft_probs,
+                without_replacement,
+            } => {
+                let (rows, vocab) = logits.shape();
+                if draft_probs.shape() != (rows, vocab) {
+                    return Err(Error::value(
+                        "draft_probs",
+                        format!(
+                            "has shape {:?}, expected the logits' shape {:?}",
+                            draft_probs.shape(),
+                            (rows, vocab)
+                        ),
+                    ));
+                }
+                for (base, tree) in trees {
+                    check_drafted(tree, base, draft_probs, *without_replacement)?;
+                }
+            }
+        }
+        Ok(Sampled {
+            logits,
+            params,
+            seed,
+            rule,
+        })
+    }
+
+    /// Rough cost of one decision, for the batch's serial/parallel choice.
+    pub fn row_cost(&self) -> usize {
+        self.logits.shape().1.saturating_mul(8)
+    }
+
+    /// Walks request `b` (tree-local `tree`, first node at global `base`).
+    pub fn walk(
+        &self,
+        b: usize,
+        tree: TreeRef<'_>,
+        base: usize,
+        accepted: &mut [i32],
+        emitted: &mut [i64],
+    ) -> Result<usize> {
+        let params = &self.params[b];
+        if params.is_greedy() {
+            return walk(tree, |v| self.logits.argmax(base + v), accepted, emitted);
+        }
+        let u = |v: usize, draw: u64| rng::uniform(self.seed, b as u64, v as u64, draw);
+        match &self.rule {
+            Rule::Match => walk(
+                tree,
+                |v| self.logits.choose(base + v, params, u(v, DRAW_SAMPLE)),
+                accepted,
+                emitted,
+            ),
+            Rule::Rejection {
+                draft_probs,
+                without_replacement,
+            } => walk_steps(
+                tree,
+                |v| {
+                    self.rejection_step(
+                        tree,
+                        v,
+                        base,
+                        params,
+                        draft_probs,
+                        *without_replacement,
+                        &u,
+                    )
+                },
+                accepted,
+                emitted,
+            ),
+            Rule::Typical {
+                posterior_threshold,
+                posterior_alpha,
+            } => self.walk_typical(
+                tree,
+                base,
+                params,
+                (*posterior_threshold, *posterior_alpha),
+                &u,
+                accepted,
+                emitted,
+            ),
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn rejection_step(
+        &self,
+        tree: TreeRef<'_>,
+        v: usize,
+        base: usize,
+        params: &SamplingParams,
+        q: &ProbsView<'_>,
+        without_replacement: bool,
+        u: &impl Fn(usize, u64) -> f64,
+    ) -> Result<Step> {
+        let g = base + v;
+        if tree.first_child[v] < 0 {
+            return Ok(Step::Stop(self.logits.choose(
+                g,
+                params,
+                u(v, DRAW_SAMPLE),
+            )?));
+        }
+        with_scratch(|s| {
+            let total = self.logits.process(g, params, s)?;
+            s.w.iter_mut().for_each(|p| *p /= total);
+            let mut q_row = std::mem::take(&mut s.q);
+            q.load_row(g, &mut q_row)?;
+            let mut result = None;
+            for (j, c) in tree.children(v).enumerate() {
+                let x = tree.tokens[c] as usize; // in range: checked by `check_drafted`
+                let qx = q_row[x];
+                if qx <= 0.0 {
+                    // Only reachable through float underflow of a renormalized row.
+                    return Err(zero_draft_prob(g, base + c, x, qx));
+                }
+                if u(v, j as u64 + 1) * qx < s.w[x] {
+                    result = Some(Step::Accept(c));
+                    break;
+                }
+                residual(&mut s.w, &q_row);
+                if without_replacement {
+                    q_row[x] = 0.0;
+                    let mass: f64 = q_row.iter().sum();
+                    if mass > 0.0 {
+                        q_row.iter_mut().for_each(|y| *y /= mass);
+                    }
+                }
+            }
+            s.q = q_row;
+            match result {
+                Some(step) => Ok(step),
+                None => Ok(Step::Stop(
+                    sample_weights(&s.w, 1.0, u(v, DRAW_SAMPLE)) as i64
+                )),
+            }
+        })
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn walk_typical(
+        &self,
+        tree: TreeRef<'_>,
+        base: usize,
+        params: &SamplingParams,
+        (threshold, alpha): (f64, f64),
+        u: &impl Fn(usize, u64) -> f64,
+        accepted: &mut [i32],
+        emitted: &mut [i64],
+    ) -> Result<usize> {
+        // Depth-first over accepted edges, children in index order: the first node reached at
+        // a new maximum depth ends the lexicographically lowest deepest path.
+        let mut stack = vec![0usize];
+        let mut best = (0usize, 0usize); // (depth, node)
+        let mut bonus: Vec<(usize, i64)> = Vec::new();
+        while let Some(v) = stack.pop() {
+            let depth = tree.depths[v] as usize;
+            let y = with_scratch(|s| -> Result<i64> {
+                let total = self.logits.process(base + v, params, s)?;
+                let y = sample_weights(&s.w, total, u(v, DRAW_SAMPLE)) as i64;
+                let mut entropy = 0.0;
+                for w in s.w.iter_mut() {
+                    *w /= total;
+                    if *w > 0.0 {
+                        entropy -= *w * (*w + 1e-5).ln();
+                    }
+                }
+                let cut = threshold.min(alpha * (-entropy).exp());
+                let first = stack.len();
+                for c in tree.children(v) {
+                    let x = tree.tokens[c];
+                    if x >= 0 && (x as usize) < s.w.len() && s.w[x as usize] > cut {
+                        stack.push(c);
+                    }
+                }
+                stack[first..].reverse();
+                Ok(y)
+            })?;
+            bonus.push((v, y));
+            if depth > best.0 {
+                best = (depth, v);
+            }
+        }
+        let (k, stop) = best;
+        let mut v = stop;
+        for j in (0..=k).rev() {
+            accepted[j] = v as i32;
+            if j > 0 {
+                emitted[j - 1] = tree.tokens[v];
+                v = tree.parents[v] as usize;
+            }
+        }
+        emitted[k] = bonus
+            .iter()
+            .find(|&&(n, _)| n == stop)
+            .map(|&(_, y)| y)
+            .unwrap_or(-1);
+        Ok(k)
+    }
+}
+
+/// `p <- norm(max(p - q, 0))`; when nothing is left (p == q up to rounding, so the rejection
+/// had probability ~0) `p` is kept.
+fn residual(p: &mut [f64], q: &[f64]) {
+    let mass: f64 = p.iter().zip(q).map(|(&a, &b)| (a - b).max(0.0)).sum();
+    if mass > 0.0 {
+        p.iter_mut()
+            .zip(q)
+            .for_each(|(a, &b)| *a = (*a - b).max(0.0) / mass);
+    }
+}
+
+fn zero_draft_prob(row: usize, node: usize, token: usize, prob: f64) -> Error {
+    Error::value(
+        "draft_probs",
+        format!(
+            "row {row} gives token {token} of node {node} probability {prob}; \
+             the draft could not have drawn it"
+        ),
+    )
+}
+
+/// Every drafted token of `tree` could have been drawn from its parent's draft row.
+fn check_drafted(
+    tree: TreeRef<'_>,
+    base: usize,
+    q: &ProbsView<'_>,
+    without_replacement: bool,
+) -> Result<()> {
+    let vocab = q.shape().1;
+    for c in 1..tree.num_nodes() {
+        let x = tree.tokens[c];
+        if x < 0 || x as usize >= vocab {
+            return Err(Error::value(
+                "tokens",
+                format!(
+                    "node {} has token {x}, outside draft_probs' vocabulary of {vocab}",
+                    base + c
+                ),
+            ));
+        }
+        let parent = base + tree.parents[c] as usize;
+        let qx = q.at(parent, x as usize);
+        if qx.is_nan() || qx <= 0.0 {
+            return Err(zero_draft_prob(parent, base + c, x as usize, qx));
+        }
+    }
+    if without_replacement {
+        for v in 0..tree.num_nodes() {
+            for c in tree.children(v) {
+                if let Some(d) = tree
+                    .children(v)
+                    .take_while(|&d| d < c)
+                    .find(|&d| tree.tokens[d] == tree.tokens[c])
+                {
+                    return Err(Error::value(
+                        "tokens",
+                        format!(
+                            "nodes {} and {} are siblings with the same token {}; drafts drawn \
+                             without replacement cannot repeat a token",
+                            base + d,
+                            base + c,
+                            tree.tokens[c]
+                        ),
+                    ));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Sampled verification of one tree (request 0).
+pub fn verify_tree_sampled(tree: TreeRef<'_>, sampled: &Sampled<'_>) -> Result<Verified> {
+    verify_tree_with(tree, |t, acc, tok| sampled.walk(0, t, 0, acc, tok))
+}
+
+/// Sampled verification of a batch; requests are walked independently (and in parallel when
+/// the work pays for it): the draws are keyed by request and node, so the result is the same.
+pub fn verify_batch_sampled(batch: &TreeBatch, sampled: &Sampled<'_>) -> Result<BatchVerified> {
+    verify_batch_with(
+        batch,
+        |b, tree, base, acc, tok| sampled.walk(b, tree, base, acc, tok),
+        sampled.row_cost(),
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -277,5 +729,93 @@ mod tests {
         assert_eq!(idx, [0, -1, -1, 2, 3, 4]);
         assert_eq!(len, [0, 2]);
         assert!(choice_from_tokens(ArrayView1::from(&target), None, 4).is_err());
+    }
+    /// Index drawn from `q` with uniform `u` (inverse CDF).
+    fn draw(q: &[f64], u: f64) -> usize {
+        crate::select::sample_weights(q, q.iter().sum(), u)
+    }
+
+    #[test]
+    fn rejection_rules_emit_the_target_distribution() {
+        // One level: two children drawn from q (with or without replacement); the first
+        // emitted token must follow the processed target p exactly.
+        let n = 60_000usize;
+        let logits_row = [0.2f64, 1.0, -0.5, 0.4];
+        let q_row = [0.5f64, 0.1, 0.3, 0.1];
+        let t = 0.9;
+        let z: Vec<f64> = logits_row.iter().map(|l| ((l - 1.0) / t).exp()).collect();
+        let p: Vec<f64> = z.iter().map(|x| x / z.iter().sum::<f64>()).collect();
+        for without in [false, true] {
+            let mut parents = Vec::new();
+            let mut tokens = Vec::new();
+            for b in 0..n {
+                let x = draw(&q_row, rng::uniform(77, b as u64, 0, 0));
+                let mut q2 = q_row;
+                if without {
+                    q2[x] = 0.0;
+                }
+                let y = draw(&q2, rng::uniform(77, b as u64, 1, 0));
+                parents.extend([-1i32, 0, 0]);
+                tokens.extend([0i64, x as i64, y as i64]);
+            }
+            let offsets: Vec<i64> = (0..=n as i64).map(|b| 3 * b).collect();
+            let batch = TreeBatch::from_views(
+                ArrayView1::from(&parents),
+                ArrayView1::from(&tokens),
+                ArrayView1::from(&offsets),
+            )
+            .unwrap();
+            let logits: Vec<f64> = logits_row.repeat(3 * n);
+            let q: Vec<f64> = q_row.repeat(3 * n);
+            let lv = ndarray::ArrayView2::from_shape((3 * n, 4), &logits).unwrap();
+            let qv = ndarray::ArrayView2::from_shape((3 * n, 4), &q).unwrap();
+            let params = vec![SamplingParams::new(t, 0, 1.0, 0).unwrap(); n];
+            let rule = Rule::Rejection {
+                draft_probs: ProbsView::F64(qv),
+                without_replacement: without,
+            };
+            let trees = batch.offsets()[..n].iter().copied().zip(batch.trees());
+            let sampled = Sampled::new(LogitsView::F64(lv), params, 5, rule, trees, 3 * n).unwrap();
+            let r = verify_batch_sampled(&batch, &sampled).unwrap();
+            let mut freq = [0.0f64; 4];
+            for b in 0..n {
+                freq[r.tokens[b * r.width] as usize] += 1.0 / n as f64;
+            }
+            for i in 0..4 {
+                assert!(
+                    (freq[i] - p[i]).abs() < 0.01,
+                    "{without}: {freq:?} vs {p:?}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn typical_takes_the_deepest_path_lowest_indices_first() {
+        // 0 -> {1, 2}; 1 -> {3}; 2 -> {4}; every draft token is the row's favourite, so every
+        // child is accepted: two paths of depth 2, the lower indices (0, 1, 3) win.
+        let t = Tree::new(&[-1, 0, 0, 1, 2], &[0, 1, 1, 2, 2]).unwrap();
+        let mut logits = vec![0.0f32; 5 * 3];
+        for (row, tok) in [(0usize, 1usize), (1, 2), (2, 2), (3, 0), (4, 0)] {
+            logits[row * 3 + tok] = 8.0;
+        }
+        let lv = ndarray::ArrayView2::from_shape((5, 3), &logits).unwrap();
+        let rule = Rule::Typical {
+            posterior_threshold: 0.09,
+            posterior_alpha: 0.3,
+        };
+        let params = vec![SamplingParams::new(1.0, 0, 1.0, 0).unwrap()];
+        let s = Sampled::new(
+            LogitsView::F32(lv),
+            params,
+            1,
+            rule,
+            std::iter::once((0, t.view())),
+            5,
+        )
+        .unwrap();
+        let r = verify_tree_sampled(t.view(), &s).unwrap();
+        assert_eq!(r.accepted_nodes, [0, 1, 3]);
+        assert_eq!(&r.tokens[..2], &[1, 2]);
     }
 }

@@ -17,6 +17,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<verify::PyBatchVerifyResult>()?;
     m.add_function(wrap_pyfunction!(verify::verify_target_tokens, m)?)?;
     m.add_function(wrap_pyfunction!(verify::verify_greedy, m)?)?;
+    m.add_function(wrap_pyfunction!(verify::verify_sampled, m)?)?;
     m.add_function(wrap_pyfunction!(kv::kv_compaction_plan, m)?)?;
     m.add_function(wrap_pyfunction!(kv::compact_kv, m)?)?;
     m.add_function(wrap_pyfunction!(kv::cache_moves, m)?)?;
@@ -28,6 +29,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(sim::sim_simulate, m)?)?;
     m.add("MAX_NODES", specsched_core::tree::MAX_NODES)?;
     m.add("MAX_BATCH_NODES", specsched_core::tree::MAX_BATCH_NODES)?;
+    m.add("DRAFT_SUM_TOL", specsched_core::select::DRAFT_SUM_TOL)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

@@ -11,8 +11,9 @@ use pyo3::exceptions::{PyIndexError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyTuple;
 
-use specsched_core::select::LogitsView;
-use specsched_core::verify::{self, BatchVerified, Verified};
+use specsched_core::select::{LogitsView, ProbsView, SamplingParams};
+use specsched_core::verify::{self, BatchVerified, Rule, Sampled, Verified};
+use specsched_core::IndexLike;
 use specsched_core::{Tree, TreeBatch};
 
 use crate::convert::{
@@ -343,4 +344,153 @@ pub fn verify_greedy(
     view.check(tree.num_nodes()).py()?;
     let vocab = view.shape().1;
     run(py, &tree, |g| view.argmax(g), vocab)
+}
+
+/// Read-only 2-D draft probabilities (float32 or float64).
+enum Probs<'py> {
+    F32(PyReadonlyArray2<'py, f32>),
+    F64(PyReadonlyArray2<'py, f64>),
+}
+
+impl Probs<'_> {
+    fn view(&self) -> ProbsView<'_> {
+        match self {
+            Probs::F32(a) => ProbsView::F32(a.as_array()),
+            Probs::F64(a) => ProbsView::F64(a.as_array()),
+        }
+    }
+}
+
+fn extract_probs<'py>(obj: &Bound<'py, PyAny>) -> PyResult<Probs<'py>> {
+    let a = as_ndarray(obj, "draft_probs")?;
+    check_ndim(&a, "draft_probs", 2)?;
+    let dt = a.dtype();
+    let err = |e: String| PyValueError::new_err(format!("draft_probs: cannot be read ({e})"));
+    if !dt.is_native_byteorder().unwrap_or(true) {
+        return Err(PyTypeError::new_err(
+            "draft_probs: non-native byte order is not supported",
+        ));
+    }
+    match (dt.kind(), dt.itemsize()) {
+        (b'f', 4) => Ok(Probs::F32(
+            a.cast::<PyArray2<f32>>()?
+                .try_readonly()
+                .map_err(|e| err(e.to_string()))?,
+        )),
+        (b'f', 8) => Ok(Probs::F64(
+            a.cast::<PyArray2<f64>>()?
+                .try_readonly()
+                .map_err(|e| err(e.to_string()))?,
+        )),
+        _ => Err(PyTypeError::new_err(format!(
+            "draft_probs: expected float32 or float64, got {dt}"
+        ))),
+    }
+}
+
+fn float_vec(obj: &Bound<'_, PyAny>, arg: &str) -> PyResult<Vec<f64>> {
+    let a = as_ndarray(obj, arg)?;
+    check_ndim(&a, arg, 1)?;
+    let typed = a.cast::<PyArray1<f64>>().map_err(|_| {
+        PyTypeError::new_err(format!("{arg}: expected float64 values, got {}", a.dtype()))
+    })?;
+    Ok(typed.try_readonly()?.as_array().to_vec())
+}
+
+/// Sampled verification from CPU logits: per-request `temperature` / `top_k` / `top_p`
+/// (float64 / int64 / float64 arrays of length 1 or B), a 64-bit `seed`, and the rule:
+/// "match" (default), "rejection" (needs `draft_probs`) or "typical".
+#[pyfunction]
+#[pyo3(signature = (
+    tree, logits, temperature, top_k, top_p, seed, *, logits_dtype=None, rule="match",
+    draft_probs=None, without_replacement=false, posterior_threshold=0.09, posterior_alpha=0.3
+))]
+#[allow(clippy::too_many_arguments)]
+pub fn verify_sampled(
+    py: Python<'_>,
+    tree: &Bound<'_, PyAny>,
+    logits: &Bound<'_, PyAny>,
+    temperature: &Bound<'_, PyAny>,
+    top_k: &Bound<'_, PyAny>,
+    top_p: &Bound<'_, PyAny>,
+    seed: &Bound<'_, PyAny>,
+    logits_dtype: Option<&str>,
+    rule: &str,
+    draft_probs: Option<&Bound<'_, PyAny>>,
+    without_replacement: bool,
+    posterior_threshold: f64,
+    posterior_alpha: f64,
+) -> PyResult<Py<PyAny>> {
+    let tree = AnyTree::extract(tree)?;
+    let logits = extract_logits(logits, logits_dtype)?;
+    let seed: u64 = seed.extract().map_err(|_| {
+        PyTypeError::new_err(format!(
+            "seed: expected an integer in [0, 2**64), got {}",
+            seed.repr().map(|r| r.to_string()).unwrap_or_default()
+        ))
+    })?;
+    let temps = float_vec(temperature, "temperature")?;
+    let ks = int_array1(top_k, "top_k", false)?;
+    let ks: Vec<i64> = with_int_view!(ks, v => v.iter().map(|&x| x.to_i64()).collect());
+    let ps = float_vec(top_p, "top_p")?;
+    let probs = draft_probs.map(extract_probs).transpose()?;
+    let rule = match (rule, &probs) {
+        ("match", None) => Rule::Match,
+        ("rejection", Some(p)) => Rule::Rejection {
+            draft_probs: p.view(),
+            without_replacement,
+        },
+        ("rejection", None) => {
+            return Err(PyValueError::new_err(
+                "draft_probs: the rejection rule needs the draft's probabilities",
+            ))
+        }
+        ("typical", None) => Rule::Typical {
+            posterior_threshold,
+            posterior_alpha,
+        },
+        ("match" | "typical", Some(_)) => {
+            return Err(PyValueError::new_err(format!(
+                "draft_probs: not used by rule {rule:?}"
+            )))
+        }
+        (other, _) => {
+            return Err(PyValueError::new_err(format!(
+                "rule: expected 'match', 'rejection' or 'typical', got {other:?}"
+            )))
+        }
+    };
+    let view = logits.view();
+    match &tree {
+        AnyTree::One(t) => {
+            let tree: &Tree = &t.get().inner;
+            let params = SamplingParams::per_request(&temps, &ks, &ps, 1).py()?;
+            let sampled = Sampled::new(
+                view,
+                params,
+                seed,
+                rule,
+                std::iter::once((0, tree.view())),
+                tree.num_nodes(),
+            )
+            .py()?;
+            let inner = py
+                .detach(|| verify::verify_tree_sampled(tree.view(), &sampled))
+                .py()?;
+            Ok(Py::new(py, PyVerifyResult { inner })?.into_any())
+        }
+        AnyTree::Batch(b) => {
+            let batch: &TreeBatch = &b.get().inner;
+            let params = SamplingParams::per_request(&temps, &ks, &ps, batch.num_trees()).py()?;
+            let trees = batch.offsets()[..batch.num_trees()]
+                .iter()
+                .copied()
+                .zip(batch.trees());
+            let sampled = Sampled::new(view, params, seed, rule, trees, batch.num_nodes()).py()?;
+            let inner = py
+                .detach(|| verify::verify_batch_sampled(batch, &sampled))
+                .py()?;
+            Ok(Py::new(py, PyBatchVerifyResult { inner })?.into_any())
+        }
+    }
 }
