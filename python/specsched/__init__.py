@@ -8,25 +8,38 @@ target's output (`verify`), and put the KV cache in order (`kv_compaction_plan`,
 from specsched._core import (
     MAX_BATCH_NODES,
     MAX_NODES,
+    AcceptanceStats,
     BatchVerifyResult,
+    DynamicTreeBuilder,
     Tree,
     TreeBatch,
     VerifyResult,
     __version__,
+    expected_accept_length,
+    optimal_tree,
+    top_n_tree,
 )
 from specsched._kv import commit_slots, compact_kv, kv_compaction_plan
+from specsched._sequoia import TreeChoice, choose_tree
 from specsched._verify import verify
 
 __all__ = [
     "MAX_BATCH_NODES",
     "MAX_NODES",
+    "AcceptanceStats",
     "BatchVerifyResult",
+    "DynamicTreeBuilder",
     "Tree",
     "TreeBatch",
+    "TreeChoice",
     "VerifyResult",
     "__version__",
+    "choose_tree",
     "commit_slots",
     "compact_kv",
+    "expected_accept_length",
     "kv_compaction_plan",
+    "optimal_tree",
+    "top_n_tree",
     "verify",
 ]

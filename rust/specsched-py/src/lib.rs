@@ -3,8 +3,12 @@
 
 use pyo3::prelude::*;
 
+mod build;
 mod convert;
 mod kv;
+mod ndconv;
+mod sglang;
+mod stats;
 mod tree;
 mod verify;
 
@@ -20,6 +24,15 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(kv::compact_kv, m)?)?;
     m.add_function(wrap_pyfunction!(kv::cache_moves, m)?)?;
     m.add_function(wrap_pyfunction!(kv::commit_slots, m)?)?;
+    m.add_class::<build::PyDynamicTreeBuilder>()?;
+    m.add_class::<stats::PyAcceptanceStats>()?;
+    m.add_function(wrap_pyfunction!(build::top_n_tree, m)?)?;
+    m.add_function(wrap_pyfunction!(build::optimal_tree, m)?)?;
+    m.add_function(wrap_pyfunction!(build::expected_accept_length, m)?)?;
+    m.add_function(wrap_pyfunction!(build::choose_tree, m)?)?;
+    m.add_function(wrap_pyfunction!(sglang::sglang_organize, m)?)?;
+    m.add_function(wrap_pyfunction!(sglang::sglang_build_tree, m)?)?;
+    m.add_function(wrap_pyfunction!(sglang::sglang_verify_tree_greedy, m)?)?;
     m.add("MAX_NODES", specsched_core::tree::MAX_NODES)?;
     m.add("MAX_BATCH_NODES", specsched_core::tree::MAX_BATCH_NODES)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
