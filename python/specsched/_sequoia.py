@@ -31,4 +31,8 @@ def choose_tree(
     seconds per draft forward; `t_verify`: measured seconds of one target forward per budget
     (nodes, root included). One exact DP covers every budget and depth up to `max_depth`.
     """
+    if not isinstance(t_verify, Mapping):
+        raise TypeError(
+            f"t_verify: expected a mapping {{budget: seconds}}, got {type(t_verify).__name__}"
+        )
     return TreeChoice(*_core.choose_tree(accept_probs, float(t_draft), dict(t_verify), max_depth))
