@@ -92,13 +92,36 @@ pub fn expected_accept_length(tree: TreeRef<'_>, p: &[f64]) -> Result<f64> {
 /// The DP tables for sizes `0..=n` and depth limits `0..=depth`.
 pub struct Dp {
     n: usize,
+    p: Vec<f64>,
     ranks: usize,
     /// `t[l][m]`: best value with at most `m` nodes (root included) and depth <= l.
     t: Vec<Vec<f64>>,
     /// `kids[l][m]`: children of the root in that optimum (0 = leaf).
     kids: Vec<Vec<u32>>,
-    /// `split[l][b][m]`: nodes given to rank `b`'s subtree in `G_{l,b}[m]`.
-    split: Vec<Vec<Vec<u32>>>,
+    /// `g[l][b][m]`: best value of ranks `1..=b` sharing at most `m` nodes (each >= 1), with
+    /// subtrees of depth <= l - 1. Splits are recovered from it only along the chosen tree.
+    g: Vec<Vec<Vec<f64>>>,
+}
+
+/// `max_k a[k] + pb * b[k]`, in four independent lanes so it vectorizes.
+#[inline]
+fn max_split(a: &[f64], b: &[f64], pb: f64) -> f64 {
+    let len = a.len().min(b.len());
+    let (a, b) = (&a[..len], &b[..len]);
+    let mut acc = [f64::NEG_INFINITY; 4];
+    let mut ca = a.chunks_exact(4);
+    let mut cb = b.chunks_exact(4);
+    for (x, y) in (&mut ca).zip(&mut cb) {
+        for l in 0..4 {
+            let v = x[l] + pb * y[l];
+            acc[l] = if v > acc[l] { v } else { acc[l] };
+        }
+    }
+    for (x, y) in ca.remainder().iter().zip(cb.remainder()) {
+        let v = x + pb * y;
+        acc[0] = if v > acc[0] { v } else { acc[0] };
+    }
+    acc[0].max(acc[1]).max(acc[2].max(acc[3]))
 }
 
 impl Dp {
@@ -108,43 +131,36 @@ impl Dp {
         let ranks = p.len().min(n.saturating_sub(1));
         let mut t = vec![vec![0f64; n + 1]; depth + 1];
         let mut kids = vec![vec![0u32; n + 1]; depth + 1];
-        let mut split = vec![vec![Vec::new(); ranks + 1]; depth + 1];
+        let mut g = vec![Vec::with_capacity(ranks + 1); depth + 1];
         for m in 1..=n {
             t[0][m] = 1.0;
         }
-        let mut g_prev = vec![0f64; n + 1];
-        let mut g_cur = vec![f64::NEG_INFINITY; n + 1];
+        // rev[k] = G_{b-1}[n - k]: G_{b-1}[m - y] for y = 1.. is rev[n - m + y..], ascending,
+        // like T_{l-1}[y], so the split maximum reads both forwards.
+        let mut rev = vec![0f64; n + 1];
         for l in 1..=depth {
-            // best[m] = max_b G_{l,b}[m] over ranks b >= 1, with its b.
             let mut best = vec![0f64; n + 1];
             let mut best_b = vec![0u32; n + 1];
-            g_prev.fill(0.0);
-            let below = &t[l - 1];
+            g[l].push(vec![0f64; n + 1]); // G_0 = 0: no ranks, no nodes used
             for b in 1..=ranks {
                 let pb = p[b - 1];
-                let sp = &mut split[l][b];
-                sp.resize(n + 1, 0);
-                g_cur.fill(f64::NEG_INFINITY);
-                // Ranks 1..b each hold >= 1 node: m >= b.
+                let prev = &g[l][b - 1];
+                for k in 0..=n {
+                    rev[k] = prev[n - k];
+                }
+                let below = &t[l - 1];
+                let mut cur = vec![f64::NEG_INFINITY; n + 1];
+                // Ranks 1..b each hold >= 1 node (m >= b); rank b takes y in 1..=m-b+1.
                 for m in b..n {
-                    let mut bv = f64::NEG_INFINITY;
-                    let mut by = 0u32;
-                    // G_{b-1}[m - y] needs m - y >= b - 1.
-                    for y in 1..=m - (b - 1) {
-                        let v = g_prev[m - y] + pb * below[y];
-                        if v > bv {
-                            bv = v;
-                            by = y as u32;
-                        }
-                    }
-                    g_cur[m] = bv;
-                    sp[m] = by;
-                    if bv > best[m] {
-                        best[m] = bv;
+                    let hi = m - b + 1;
+                    let v = max_split(&rev[n - m + 1..=n - m + hi], &below[1..=hi], pb);
+                    cur[m] = v;
+                    if v > best[m] {
+                        best[m] = v;
                         best_b[m] = b as u32;
                     }
                 }
-                std::mem::swap(&mut g_prev, &mut g_cur);
+                g[l].push(cur);
             }
             for m in 1..=n {
                 t[l][m] = 1.0 + best[m - 1];
@@ -153,16 +169,34 @@ impl Dp {
         }
         Dp {
             n,
+            p: p.to_vec(),
             ranks,
             t,
             kids,
-            split,
+            g,
         }
     }
 
     /// Best expected length with at most `m` nodes and depth <= `l`.
     pub fn value(&self, m: usize, l: usize) -> f64 {
         self.t[l][m]
+    }
+
+    /// Nodes given to rank `b` in `G_{l,b}[m]`: the first split reaching the stored maximum.
+    fn split(&self, l: usize, b: usize, m: usize) -> usize {
+        let (prev, below, pb) = (&self.g[l][b - 1], &self.t[l - 1], self.p[b - 1]);
+        let target = self.g[l][b][m];
+        let mut best = (f64::NEG_INFINITY, 1);
+        for y in 1..=m - (b - 1) {
+            let v = prev[m - y] + pb * below[y];
+            if v > best.0 {
+                best = (v, y);
+            }
+            if v == target {
+                return y;
+            }
+        }
+        best.1
     }
 
     /// The optimal tree for (`m`, `l`) as choice paths.
@@ -178,7 +212,7 @@ impl Dp {
             // Walk ranks b..1 back through the splits of G_{l,b}[m-1].
             let mut rest = m - 1;
             for r in (1..=b).rev() {
-                let y = self.split[l][r][rest] as usize;
+                let y = self.split(l, r, rest);
                 rest -= y;
                 let mut child = path.clone();
                 child.push(r as i64 - 1);
@@ -202,12 +236,14 @@ pub fn optimal_tree_dp(p: &[f64], budget: usize, max_depth: Option<usize>) -> Re
     Ok(Dp::new(p, budget, depth).plan(budget, depth))
 }
 
+/// A heap entry: a node not yet in the tree, `rank` under the chosen node `parent`.
 #[derive(PartialEq)]
 struct Cand {
     value: f64,
-    depth: usize,
-    seq: usize,
-    path: Vec<i64>,
+    depth: u32,
+    seq: u32,
+    parent: u32,
+    rank: u32,
 }
 
 impl Eq for Cand {}
@@ -229,8 +265,9 @@ impl PartialOrd for Cand {
     }
 }
 
-/// The greedy heap, exact when `p` is non-increasing (an error otherwise). Every popped node
+/// The greedy heap, exact when `p` is non-increasing (an error otherwise). Every chosen node
 /// offers its first child and its next sibling; both are worth at most the node itself.
+/// Chosen nodes live in an arena (`parent`, `rank`, `value`); paths are spelled out at the end.
 pub fn optimal_tree_heap(p: &[f64], budget: usize, max_depth: Option<usize>) -> Result<Plan> {
     check_probs(p)?;
     check_budget(budget)?;
@@ -240,56 +277,67 @@ pub fn optimal_tree_heap(p: &[f64], budget: usize, max_depth: Option<usize>) -> 
             "the greedy heap is exact only for a non-increasing vector; use the DP",
         ));
     }
-    let depth = resolve_depth(budget, max_depth)?;
+    let depth = resolve_depth(budget, max_depth)? as u32;
+    // Arena of chosen nodes; node 0 is the root.
+    let mut parent = Vec::with_capacity(budget);
+    let mut rank = Vec::with_capacity(budget);
+    let mut value = Vec::with_capacity(budget);
+    let mut level = Vec::with_capacity(budget);
+    parent.push(u32::MAX);
+    rank.push(0u32);
+    value.push(1.0f64);
+    level.push(0u32);
     let mut heap = BinaryHeap::with_capacity(2 * budget);
-    let mut seq = 0usize;
-    let mut choices = Vec::with_capacity(budget - 1);
-    let mut expected = 1.0;
-    // Parent value of each chosen path, to price its next sibling.
+    let mut seq = 0u32;
     heap.push(Cand {
         value: p[0],
         depth: 1,
         seq,
-        path: vec![0],
+        parent: 0,
+        rank: 0,
     });
-    let mut parent_value = vec![1.0f64];
-    let mut parent_of: Vec<usize> = vec![0];
-    // `parent_of[seq]` indexes `parent_value` for the candidate pushed as `seq`.
-    while choices.len() + 1 < budget {
+    let mut expected = 1.0;
+    while value.len() < budget {
         let Some(c) = heap.pop() else { break };
         if c.value <= 0.0 {
             break;
         }
         expected += c.value;
-        let me = parent_value.len();
-        parent_value.push(c.value);
-        let rank = *c.path.last().unwrap_or(&0) as usize;
-        if rank + 1 < p.len() {
+        let me = value.len() as u32;
+        parent.push(c.parent);
+        rank.push(c.rank);
+        value.push(c.value);
+        level.push(c.depth);
+        if (c.rank as usize) + 1 < p.len() {
             seq += 1;
-            let pv = parent_value[parent_of[c.seq]];
-            let mut sib = c.path.clone();
-            *sib.last_mut().unwrap_or(&mut 0) += 1;
-            parent_of.push(parent_of[c.seq]);
             heap.push(Cand {
-                value: pv * p[rank + 1],
+                value: value[c.parent as usize] * p[c.rank as usize + 1],
                 depth: c.depth,
                 seq,
-                path: sib,
+                parent: c.parent,
+                rank: c.rank + 1,
             });
         }
         if c.depth < depth {
             seq += 1;
-            let mut kid = c.path.clone();
-            kid.push(0);
-            parent_of.push(me);
             heap.push(Cand {
                 value: c.value * p[0],
                 depth: c.depth + 1,
                 seq,
-                path: kid,
+                parent: me,
+                rank: 0,
             });
         }
-        choices.push(c.path);
+    }
+    let mut choices: Vec<Vec<i64>> = Vec::with_capacity(value.len() - 1);
+    for v in 1..value.len() {
+        let mut path = vec![0i64; level[v] as usize];
+        let mut u = v;
+        for slot in path.iter_mut().rev() {
+            *slot = rank[u] as i64;
+            u = parent[u] as usize;
+        }
+        choices.push(path);
     }
     choices.sort_by(|a, b| a.len().cmp(&b.len()).then_with(|| a.cmp(b)));
     Ok(Plan { choices, expected })

@@ -242,8 +242,38 @@ pub fn build_tree(
     let mut parent = vec![0usize; n];
     let mut depth = vec![0i64; n];
     let mut full_base = 0usize;
+    // Rows as plain slices (copied once when the caller's rows are strided): ndarray slicing
+    // per node costs more than the search itself.
+    let mut sel_buf = vec![0i64; n - 1];
+    let mut pl_buf = vec![0i64; width];
+    // node_of[g] = node index of pool candidate g, valid when stamp[g] == b + 1: an O(1)
+    // parent lookup with no per-request reset.
+    let mut node_of = vec![0u32; pool as usize];
+    let mut stamp = vec![0u32; pool as usize];
+    let mut bits: Vec<u64> = Vec::new();
     for b in 0..bs {
-        let sel = selected_index.row(b);
+        let sel_row = selected_index.row(b);
+        let sel: &[i64] = match sel_row.as_slice() {
+            Some(s) => s,
+            None => {
+                sel_buf
+                    .iter_mut()
+                    .zip(sel_row.iter())
+                    .for_each(|(d, &x)| *d = x);
+                &sel_buf
+            }
+        };
+        let pl_row = parent_list.row(b);
+        let pl: &[i64] = match pl_row.as_slice() {
+            Some(s) => s,
+            None => {
+                pl_buf
+                    .iter_mut()
+                    .zip(pl_row.iter())
+                    .for_each(|(d, &x)| *d = x);
+                &pl_buf
+            }
+        };
         for i in 1..n {
             let g = sel[i - 1];
             if g < 0 || g >= pool {
@@ -275,26 +305,26 @@ pub fn build_tree(
                         ),
                     ));
                 }
-                let pg = parent_list[(b, tb)];
-                // The selection is sorted, so the parent (an earlier candidate) is found by
-                // binary search among the nodes before i.
-                match sel.slice(ndarray::s![..i - 1]).as_slice() {
-                    Some(prev) => prev.binary_search(&pg).ok(),
-                    None => (0..i - 1).find(|&q| sel[q] == pg),
+                let pg = pl[tb];
+                // Candidates are stamped as they are placed, so a parent that is selected
+                // before node i is found in O(1); anything else is not a tree.
+                match usize::try_from(pg) {
+                    Ok(q) if q < stamp.len() && stamp[q] == b as u32 + 1 => node_of[q] as usize,
+                    _ => {
+                        return Err(Error::value(
+                            "top_scores_index",
+                            format!(
+                                "invalid eagle tree: request {b}, node {i} (candidate {g}) has \
+                                 parent candidate {pg}, which is not selected before it"
+                            ),
+                        ))
+                    }
                 }
-                .map(|q| q + 1)
-                .ok_or_else(|| {
-                    Error::value(
-                        "top_scores_index",
-                        format!(
-                            "invalid eagle tree: request {b}, node {i} (candidate {g}) has parent \
-                             candidate {pg}, which is not selected before it"
-                        ),
-                    )
-                })?
             };
             parent[i] = p;
             depth[i] = depth[p] + 1;
+            stamp[g as usize] = b as u32 + 1;
+            node_of[g as usize] = i as u32;
         }
         let row0 = b * n;
         let s = seq_lens[b] as i64;
@@ -313,10 +343,12 @@ pub fn build_tree(
             MaskOut::Full(m) => {
                 let cols = seq_lens[b] + n;
                 let seg = &mut m[full_base..full_base + n * cols];
-                fill_rows(seg, cols, seq_lens[b], &parent);
+                fill_rows(seg, cols, seq_lens[b], &parent, &mut bits);
                 full_base += n * cols;
             }
-            MaskOut::Qlen(m) => fill_rows(&mut m[row0 * n..(row0 + n) * n], n, 0, &parent),
+            MaskOut::Qlen(m) => {
+                fill_rows(&mut m[row0 * n..(row0 + n) * n], n, 0, &parent, &mut bits)
+            }
             MaskOut::Packed8(m) => fill_words(&mut m[row0..row0 + n], &parent, |i| 1u8 << i),
             MaskOut::Packed16(m) => fill_words(&mut m[row0..row0 + n], &parent, |i| 1u16 << i),
             MaskOut::Packed32(m) => fill_words(&mut m[row0..row0 + n], &parent, |i| 1u32 << i),
@@ -325,18 +357,54 @@ pub fn build_tree(
     Ok(())
 }
 
-/// Dense rows of `cols` bools: `prefix` leading Trues, then the tree part. A row is its
-/// parent's row plus its own bit (the parent's row is complete: parents come first).
-fn fill_rows(seg: &mut [bool], cols: usize, prefix: usize, parent: &[usize]) {
+/// `EXPAND[byte]`: the 8 bits of `byte`, little end first, as bools.
+const EXPAND: [[bool; 8]; 256] = {
+    let mut t = [[false; 8]; 256];
+    let mut b = 0;
+    while b < 256 {
+        let mut k = 0;
+        while k < 8 {
+            t[b][k] = (b >> k) & 1 == 1;
+            k += 1;
+        }
+        b += 1;
+    }
+    t
+};
+
+/// Dense rows of `cols` bools: `prefix` leading Trues, then the tree part. Ancestor sets are
+/// built as bit rows first (a row is its parent's row plus its own bit; parents come first),
+/// then expanded 8 columns per table lookup: one 8-byte store instead of 8 byte stores.
+fn fill_rows(seg: &mut [bool], cols: usize, prefix: usize, parent: &[usize], bits: &mut Vec<u64>) {
     let n = parent.len();
-    seg[..prefix].fill(true);
-    seg[prefix..cols].fill(false);
-    seg[prefix] = true;
-    for i in 1..n {
-        let (done, rest) = seg.split_at_mut(i * cols);
-        let row = &mut rest[..cols];
-        row.copy_from_slice(&done[parent[i] * cols..parent[i] * cols + cols]);
-        row[prefix + i] = true;
+    let w = n.div_ceil(64);
+    bits.clear();
+    bits.resize(n * w, 0);
+    for i in 0..n {
+        if i > 0 {
+            let p = parent[i];
+            bits.copy_within(p * w..p * w + w, i * w);
+        }
+        bits[i * w + i / 64] |= 1u64 << (i % 64);
+    }
+    for (i, row) in seg.chunks_exact_mut(cols).enumerate() {
+        let (head, tree) = row.split_at_mut(prefix);
+        head.fill(true);
+        let anc = &bits[i * w..i * w + w];
+        let byte = |c: usize| (anc[c / 8] >> ((c % 8) * 8)) as u8 as usize;
+        let mut chunks = tree.chunks_exact_mut(8);
+        let mut c = 0;
+        for chunk in &mut chunks {
+            if let Ok(out) = <&mut [bool; 8]>::try_from(chunk) {
+                *out = EXPAND[byte(c)];
+            }
+            c += 1;
+        }
+        let rest = chunks.into_remainder();
+        if !rest.is_empty() {
+            let len = rest.len();
+            rest.copy_from_slice(&EXPAND[byte(c)][..len]);
+        }
     }
 }
 
