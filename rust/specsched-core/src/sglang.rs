@@ -389,7 +389,9 @@ fn fill_rows(seg: &mut [bool], cols: usize, prefix: usize, parent: &[usize], bit
     }
     for (i, row) in seg.chunks_exact_mut(cols).enumerate() {
         let (head, tree) = row.split_at_mut(prefix);
-        head.fill(true);
+        if prefix > 0 {
+            head.fill(true);
+        }
         let anc = &bits[i * w..i * w + w];
         let byte = |c: usize| (anc[c / 8] >> ((c % 8) * 8)) as u8 as usize;
         let mut chunks = tree.chunks_exact_mut(8);
