@@ -72,7 +72,7 @@ impl DynamicTreeBuilder {
             .and_then(|x| x.checked_add(topk))
             .filter(|&p| p < u32::MAX as usize && p.saturating_mul(batch) < (1 << 31))
             .ok_or_else(|| Error::value("topk", "topk and depth give a pool too large"))?;
-        if budget < 1 || budget > MAX_NODES {
+        if !(1..=MAX_NODES).contains(&budget) {
             return Err(Error::value(
                 "budget",
                 format!("must be in [1, {MAX_NODES}], got {budget}"),

@@ -132,9 +132,7 @@ impl Dp {
         let mut t = vec![vec![0f64; n + 1]; depth + 1];
         let mut kids = vec![vec![0u32; n + 1]; depth + 1];
         let mut g = vec![Vec::with_capacity(ranks + 1); depth + 1];
-        for m in 1..=n {
-            t[0][m] = 1.0;
-        }
+        t[0][1..].fill(1.0);
         // rev[k] = G_{b-1}[n - k]: G_{b-1}[m - y] for y = 1.. is rev[n - m + y..], ascending,
         // like T_{l-1}[y], so the split maximum reads both forwards.
         let mut rev = vec![0f64; n + 1];
@@ -330,8 +328,8 @@ pub fn optimal_tree_heap(p: &[f64], budget: usize, max_depth: Option<usize>) -> 
         }
     }
     let mut choices: Vec<Vec<i64>> = Vec::with_capacity(value.len() - 1);
-    for v in 1..value.len() {
-        let mut path = vec![0i64; level[v] as usize];
+    for (v, &lv) in level.iter().enumerate().skip(1) {
+        let mut path = vec![0i64; lv as usize];
         let mut u = v;
         for slot in path.iter_mut().rev() {
             *slot = rank[u] as i64;
@@ -402,7 +400,7 @@ pub fn choose_tree(
     let depth = max_depth.min(n_max.saturating_sub(1)).max(1);
     let dp = Dp::new(p, n_max, depth);
     let mut keys: Vec<(usize, f64)> = t_verify.to_vec();
-    keys.sort_by(|a, b| a.0.cmp(&b.0));
+    keys.sort_by_key(|k| k.0);
     let mut best: Option<(f64, usize, usize)> = None;
     for &(n, tv) in &keys {
         // A one-node tree drafts nothing: depth 0, no draft step to pay for.

@@ -251,7 +251,7 @@ pub fn build_tree(
     let mut node_of = vec![0u32; pool as usize];
     let mut stamp = vec![0u32; pool as usize];
     let mut bits: Vec<u64> = Vec::new();
-    for b in 0..bs {
+    for (b, &seq_len) in seq_lens.iter().enumerate() {
         let sel_row = selected_index.row(b);
         let sel: &[i64] = match sel_row.as_slice() {
             Some(s) => s,
@@ -327,7 +327,7 @@ pub fn build_tree(
             node_of[g as usize] = i as u32;
         }
         let row0 = b * n;
-        let s = seq_lens[b] as i64;
+        let s = seq_len as i64;
         retrive_next_token[row0..row0 + n].fill(-1);
         retrive_next_sibling[row0..row0 + n].fill(-1);
         for i in 0..n {
@@ -341,9 +341,9 @@ pub fn build_tree(
         }
         match &mut tree_mask {
             MaskOut::Full(m) => {
-                let cols = seq_lens[b] + n;
+                let cols = seq_len + n;
                 let seg = &mut m[full_base..full_base + n * cols];
-                fill_rows(seg, cols, seq_lens[b], &parent, &mut bits);
+                fill_rows(seg, cols, seq_len, &parent, &mut bits);
                 full_base += n * cols;
             }
             MaskOut::Qlen(m) => {

@@ -11,6 +11,8 @@ use specsched_core::sglang::{self, BuildOut, GreedyIn, MaskOut};
 use crate::convert::{owned, IntoPyResult};
 use crate::ndconv::{fixed, float_array, i64_array, out_array, with_float_view};
 
+type IndexPair<'py> = (Bound<'py, PyArray2<i64>>, Bound<'py, PyArray2<i64>>);
+
 /// `(top_scores_index, draft_tokens)`, both int64 `[bs, N - 1]`, from the concatenated
 /// `scores [bs, M]` and `tokens [bs, M]`.
 #[pyfunction]
@@ -19,7 +21,7 @@ pub fn sglang_organize<'py>(
     scores: &Bound<'py, PyAny>,
     tokens: &Bound<'py, PyAny>,
     num_draft_token: usize,
-) -> PyResult<(Bound<'py, PyArray2<i64>>, Bound<'py, PyArray2<i64>>)> {
+) -> PyResult<IndexPair<'py>> {
     let s = float_array(scores, "score_list", 2)?;
     let t = i64_array(tokens, "token_list", 2)?;
     let tv = fixed(t.view(), "token_list")?;
