@@ -250,7 +250,6 @@ pub fn build_tree(
     // parent lookup with no per-request reset.
     let mut node_of = vec![0u32; pool as usize];
     let mut stamp = vec![0u32; pool as usize];
-    let mut bits: Vec<u64> = Vec::new();
     for (b, &seq_len) in seq_lens.iter().enumerate() {
         let sel_row = selected_index.row(b);
         let sel: &[i64] = match sel_row.as_slice() {
@@ -343,12 +342,10 @@ pub fn build_tree(
             MaskOut::Full(m) => {
                 let cols = seq_len + n;
                 let seg = &mut m[full_base..full_base + n * cols];
-                fill_rows(seg, cols, seq_len, &parent, &mut bits);
+                fill_rows(seg, cols, seq_len, &parent);
                 full_base += n * cols;
             }
-            MaskOut::Qlen(m) => {
-                fill_rows(&mut m[row0 * n..(row0 + n) * n], n, 0, &parent, &mut bits)
-            }
+            MaskOut::Qlen(m) => fill_rows(&mut m[row0 * n..(row0 + n) * n], n, 0, &parent),
             MaskOut::Packed8(m) => fill_words(&mut m[row0..row0 + n], &parent, |i| 1u8 << i),
             MaskOut::Packed16(m) => fill_words(&mut m[row0..row0 + n], &parent, |i| 1u16 << i),
             MaskOut::Packed32(m) => fill_words(&mut m[row0..row0 + n], &parent, |i| 1u32 << i),
@@ -357,56 +354,38 @@ pub fn build_tree(
     Ok(())
 }
 
-/// `EXPAND[byte]`: the 8 bits of `byte`, little end first, as bools.
-const EXPAND: [[bool; 8]; 256] = {
-    let mut t = [[false; 8]; 256];
-    let mut b = 0;
-    while b < 256 {
-        let mut k = 0;
-        while k < 8 {
-            t[b][k] = (b >> k) & 1 == 1;
-            k += 1;
-        }
-        b += 1;
-    }
-    t
-};
-
-/// Dense rows of `cols` bools: `prefix` leading Trues, then the tree part. Ancestor sets are
-/// built as bit rows first (a row is its parent's row plus its own bit; parents come first),
-/// then expanded 8 columns per table lookup: one 8-byte store instead of 8 byte stores.
-fn fill_rows(seg: &mut [bool], cols: usize, prefix: usize, parent: &[usize], bits: &mut Vec<u64>) {
+/// Dense rows of `cols` bools: `prefix` leading Trues, then the tree part. A row's tree part is
+/// its parent's (complete: parents come first) plus its own bit, copied in fixed 32-byte blocks
+/// that compile to vector moves (a runtime-length copy per row costs a library call).
+fn fill_rows(seg: &mut [bool], cols: usize, prefix: usize, parent: &[usize]) {
     let n = parent.len();
-    let w = n.div_ceil(64);
-    bits.clear();
-    bits.resize(n * w, 0);
-    for i in 0..n {
-        if i > 0 {
-            let p = parent[i];
-            bits.copy_within(p * w..p * w + w, i * w);
-        }
-        bits[i * w + i / 64] |= 1u64 << (i % 64);
-    }
-    for (i, row) in seg.chunks_exact_mut(cols).enumerate() {
+    for (i, &p) in parent.iter().enumerate().take(n) {
+        let (done, rest) = seg.split_at_mut(i * cols);
+        let row = &mut rest[..cols];
         let (head, tree) = row.split_at_mut(prefix);
         if prefix > 0 {
             head.fill(true);
         }
-        let anc = &bits[i * w..i * w + w];
-        let byte = |c: usize| (anc[c / 8] >> ((c % 8) * 8)) as u8 as usize;
-        let mut chunks = tree.chunks_exact_mut(8);
-        let mut c = 0;
-        for chunk in &mut chunks {
-            if let Ok(out) = <&mut [bool; 8]>::try_from(chunk) {
-                *out = EXPAND[byte(c)];
-            }
-            c += 1;
+        if i == 0 {
+            tree.fill(false);
+        } else {
+            copy_blocks(tree, &done[p * cols + prefix..p * cols + cols]);
         }
-        let rest = chunks.into_remainder();
-        if !rest.is_empty() {
-            let len = rest.len();
-            rest.copy_from_slice(&EXPAND[byte(c)][..len]);
+        tree[i] = true;
+    }
+}
+
+fn copy_blocks(dst: &mut [bool], src: &[bool]) {
+    let mut d = dst.chunks_exact_mut(32);
+    let mut s = src.chunks_exact(32);
+    for (a, b) in (&mut d).zip(&mut s) {
+        if let (Ok(a), Ok(b)) = (<&mut [bool; 32]>::try_from(a), <&[bool; 32]>::try_from(b)) {
+            *a = *b;
         }
+    }
+    let (a, b) = (d.into_remainder(), s.remainder());
+    for (x, y) in a.iter_mut().zip(b) {
+        *x = *y;
     }
 }
 
