@@ -129,11 +129,15 @@ impl DynamicTreeBuilder {
         }
     }
 
-    fn check_logprob(lp: f64, arg: &'static str, at: String) -> Result<()> {
+    /// `lp` must be a log probability; `at` spells the index, only when it is not.
+    fn check_logprob(lp: f64, arg: &'static str, at: impl FnOnce() -> String) -> Result<()> {
         if lp.is_nan() || lp > 0.0 {
             return Err(Error::value(
                 arg,
-                format!("{arg}{at} = {lp}: log probabilities must be <= 0 and not NaN"),
+                format!(
+                    "{arg}{} = {lp}: log probabilities must be <= 0 and not NaN",
+                    at()
+                ),
             ));
         }
         Ok(())
@@ -182,7 +186,7 @@ impl DynamicTreeBuilder {
         for r in 0..b {
             for c in 0..k {
                 let lp = topk_logprobs[(r, c)].to_f64();
-                Self::check_logprob(lp, "topk_logprobs", format!("[{r}, {c}]"))?;
+                Self::check_logprob(lp, "topk_logprobs", || format!("[{r}, {c}]"))?;
             }
         }
         for r in 0..b {
@@ -257,7 +261,7 @@ impl DynamicTreeBuilder {
             }
         }
         for ((r, j, c), &lp) in topk_logprobs.indexed_iter() {
-            Self::check_logprob(lp.to_f64(), "topk_logprobs", format!("[{r}, {j}, {c}]"))?;
+            Self::check_logprob(lp.to_f64(), "topk_logprobs", || format!("[{r}, {j}, {c}]"))?;
         }
         let base_step = k + (self.level - 1) * k * k;
         let old_w = self.level * k;
