@@ -348,6 +348,7 @@ def sglang_build_tree(
     parent_list: npt.ArrayLike,
     selected_index: npt.ArrayLike,
     seq_lens: npt.ArrayLike,
+    seq_lens_sum: int,
     tree_mask: npt.NDArray[Any],
     positions: npt.NDArray[np.int64],
     retrive_index: npt.NDArray[np.int64],

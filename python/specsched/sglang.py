@@ -107,9 +107,7 @@ def organize_draft_results(
     )
 
 
-def _mask_out(
-    mode: TreeMaskMode, needed: int, n: int, buf: Any
-) -> tuple[np.ndarray, np.ndarray | None]:
+def _mask_out(mode: int, needed: int, n: int, buf: Any) -> tuple[np.ndarray, np.ndarray | None]:
     """`(kernel view, whole buffer)`: the first `needed` entries are the kernel's; the rest of a
     caller's buffer is filled as SGLang fills it (True, or 0 for bit-packed)."""
     if mode == TreeMaskMode.QLEN_ONLY_BITPACKING:
@@ -125,12 +123,13 @@ def _mask_out(
     if buf is None:
         return np.empty(needed, dtype=dtype), None
     whole = _host(buf, "tree_mask_buf")
-    flat = whole.reshape(-1)
-    if not np.shares_memory(flat, whole):
+    if not whole.flags.c_contiguous:
         raise ValueError("tree_mask_buf: must be contiguous (it is filled in place)")
+    flat = whole.reshape(-1)
     if flat.size < needed:
         raise ValueError(f"tree_mask_buf: needs at least {needed} entries, has {flat.size}")
-    flat[needed:] = fill
+    if flat.size > needed:
+        flat[needed:] = fill
     return flat[:needed], whole
 
 
@@ -157,21 +156,24 @@ def build_tree_kernel_efficient(
     `[bs, N]`; draft_tokens `[bs*N]` = verified_id then the selected tokens, per request.
     """
     torch_in = _is_torch(seq_lens)
-    mode = TreeMaskMode(int(tree_mask_mode))
+    mode = int(tree_mask_mode)
+    if mode not in (0, 1, 2):
+        raise ValueError(
+            f"tree_mask_mode: expected 0 (FULL_MASK), 1 (QLEN_ONLY) or 2 "
+            f"(QLEN_ONLY_BITPACKING), got {tree_mask_mode!r}"
+        )
     seq = _host(seq_lens, "seq_lens")
     vid = _host(verified_id, "verified_id")
     drafts = _host(draft_tokens, "draft_tokens")
-    bs, n = seq.shape[0], int(num_verify_tokens)
-    total_seq = int(seq.sum())
-    if int(seq_lens_sum) != total_seq:
-        raise ValueError(f"seq_lens_sum: {seq_lens_sum} != sum(seq_lens) = {total_seq}")
+    bs, n, total_seq = seq.shape[0], int(num_verify_tokens), int(seq_lens_sum)
     if vid.shape != (bs,) or drafts.shape != (bs, n - 1):
         raise ValueError(
             f"verified_id / draft_tokens: expected shapes ({bs},) and ({bs}, {n - 1}), "
             f"got {vid.shape} and {drafts.shape}"
         )
+    # Sized from seq_lens_sum as SGLang sizes it; Rust checks it against seq_lens.
     if mode == TreeMaskMode.FULL_MASK:
-        needed = total_seq * n + bs * n * n
+        needed = max(total_seq, 0) * n + bs * n * n
     elif mode == TreeMaskMode.QLEN_ONLY:
         needed = bs * n * n
     else:
@@ -182,14 +184,15 @@ def build_tree_kernel_efficient(
         positions = np.empty(bs * n, dtype=np.int64)
     else:
         positions_whole = _host(position_buf, "position_buf")
-        positions = positions_whole.reshape(-1)[: bs * n]
-        if not np.shares_memory(positions, positions_whole):
+        if not positions_whole.flags.c_contiguous:
             raise ValueError("position_buf: must be contiguous (it is filled in place)")
+        positions = positions_whole.reshape(-1)[: bs * n]
     retrive = np.empty((3, bs, n), dtype=np.int64)
     _core.sglang_build_tree(
         _host(parent_list, "parent_list"),
         _host(top_scores_index, "top_scores_index"),
         seq,
+        total_seq,
         mask,
         positions,
         retrive[0],
@@ -200,9 +203,7 @@ def build_tree_kernel_efficient(
         n,
         int(mode),
     )
-    tokens = np.empty((bs, n), dtype=np.result_type(vid.dtype, drafts.dtype))
-    tokens[:, 0] = vid
-    tokens[:, 1:] = drafts
+    tokens = np.concatenate((vid[:, None], drafts), axis=1)
     if torch_in:
         return (
             tree_mask_buf if mask_whole is not None else _back(mask, True),

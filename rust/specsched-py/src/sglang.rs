@@ -48,6 +48,7 @@ pub fn sglang_build_tree(
     parent_list: &Bound<'_, PyAny>,
     selected_index: &Bound<'_, PyAny>,
     seq_lens: &Bound<'_, PyAny>,
+    seq_lens_sum: i64,
     tree_mask: &Bound<'_, PyAny>,
     positions: &Bound<'_, PyAny>,
     retrive_index: &Bound<'_, PyAny>,
@@ -62,6 +63,12 @@ pub fn sglang_build_tree(
     let sel = i64_array(selected_index, "top_scores_index", 2)?;
     let sl = i64_array(seq_lens, "seq_lens", 1)?;
     let seq = sglang::check_seq_lens(fixed(sl.view(), "seq_lens")?).py()?;
+    let total: usize = seq.iter().sum();
+    if usize::try_from(seq_lens_sum) != Ok(total) {
+        return Err(PyValueError::new_err(format!(
+            "seq_lens_sum: {seq_lens_sum} != sum(seq_lens) = {total}"
+        )));
+    }
     let (plv, selv) = (
         fixed(pl.view(), "parent_list")?,
         fixed(sel.view(), "top_scores_index")?,
