@@ -130,8 +130,8 @@ proptest! {
         }).unwrap();
         // Rebuild parents from the links and check every row of the mask and every position.
         let mut parent = vec![-1i64; n];
-        for v in 0..n {
-            let mut c = nt[v];
+        for (v, &first) in nt.iter().enumerate() {
+            let mut c = first;
             while c >= 0 {
                 parent[c as usize] = v as i64;
                 c = ns[c as usize];
