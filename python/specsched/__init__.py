@@ -9,13 +9,19 @@ from specsched._core import (
     DRAFT_SUM_TOL,
     MAX_BATCH_NODES,
     MAX_NODES,
+    AcceptanceStats,
     BatchVerifyResult,
+    DynamicTreeBuilder,
     Tree,
     TreeBatch,
     VerifyResult,
     __version__,
+    expected_accept_length,
+    optimal_tree,
+    top_n_tree,
 )
 from specsched._kv import commit_slots, compact_kv, kv_compaction_plan
+from specsched._sequoia import TreeChoice, choose_tree
 from specsched._verify import verify
 from specsched.decide import decide
 
@@ -23,14 +29,21 @@ __all__ = [
     "DRAFT_SUM_TOL",
     "MAX_BATCH_NODES",
     "MAX_NODES",
+    "AcceptanceStats",
     "BatchVerifyResult",
+    "DynamicTreeBuilder",
     "Tree",
     "TreeBatch",
+    "TreeChoice",
     "VerifyResult",
     "__version__",
+    "choose_tree",
     "commit_slots",
     "compact_kv",
     "decide",
+    "expected_accept_length",
     "kv_compaction_plan",
+    "optimal_tree",
+    "top_n_tree",
     "verify",
 ]

@@ -9,20 +9,29 @@ __all__ = [
     "DRAFT_SUM_TOL",
     "MAX_BATCH_NODES",
     "MAX_NODES",
+    "AcceptanceStats",
     "BatchVerifyResult",
+    "DynamicTreeBuilder",
     "Tree",
     "TreeBatch",
     "VerifyResult",
     "__version__",
     "cache_moves",
+    "choose_tree",
     "commit_slots",
     "compact_kv",
+    "expected_accept_length",
     "kv_compaction_plan",
+    "optimal_tree",
+    "sglang_build_tree",
+    "sglang_organize",
+    "sglang_verify_tree_greedy",
     "sim_best_tree",
     "sim_chain_expected_tokens",
     "sim_expected_tokens",
     "sim_path_probs",
     "sim_simulate",
+    "top_n_tree",
     "verify_greedy",
     "verify_sampled",
     "verify_target_tokens",
@@ -280,3 +289,135 @@ def sim_simulate(
     threads: int | None = None,
 ) -> tuple[int, npt.NDArray[np.int64]]:
     """Monte-Carlo verification: `(steps, histogram of accepted draft tokens)`."""
+
+# Tree construction (issue 5)
+
+def top_n_tree(
+    parents: npt.ArrayLike,
+    scores: npt.ArrayLike,
+    budget: int,
+    tokens: npt.ArrayLike | None = None,
+    root_token: int = 0,
+    cumulative: bool = True,
+) -> tuple[Tree, npt.NDArray[np.int64]]:
+    """Best `budget - 1` pool candidates (score, then shallower, then pool index) as a Tree."""
+
+def optimal_tree(
+    accept_probs: npt.ArrayLike, budget: int, max_depth: int | None = None, method: str = "auto"
+) -> tuple[list[tuple[int, ...]], float]:
+    """Sequoia-optimal tree as choice paths, and its expected tokens per step."""
+
+def expected_accept_length(tree: Tree, accept_probs: npt.ArrayLike) -> float:
+    """`1 + sum over draft nodes of prod accept_probs[rank]` along the path."""
+
+def choose_tree(
+    accept_probs: npt.ArrayLike, t_draft: float, t_verify: dict[int, float], max_depth: int
+) -> tuple[list[tuple[int, ...]], int, int, float, float]:
+    """`(choices, budget, depth, expected, time_per_token)` minimizing time per token."""
+
+@final
+class DynamicTreeBuilder:
+    """Batched EAGLE-2/3 drafting: `start`, `expand` per draft step, then `build`."""
+
+    def __new__(cls, batch: int, topk: int, depth: int, budget: int) -> DynamicTreeBuilder:
+        """State for `batch` requests, top-`topk` per node, `depth` levels, `budget` nodes."""
+    @property
+    def batch(self) -> int:
+        """Requests B."""
+    @property
+    def topk(self) -> int:
+        """Frontier width and children per frontier node K."""
+    @property
+    def depth(self) -> int:
+        """Deepest level the builder drafts."""
+    @property
+    def budget(self) -> int:
+        """Nodes per built tree, root included."""
+    @property
+    def level(self) -> int:
+        """Levels drafted so far (0 before `start`)."""
+    def start(
+        self,
+        root_tokens: npt.ArrayLike,
+        topk_tokens: npt.ArrayLike,
+        topk_logprobs: npt.ArrayLike,
+        prefix_lens: npt.ArrayLike | int | None = None,
+    ) -> tuple[
+        npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.bool_], npt.NDArray[np.int64]
+    ]:
+        """`(tokens [B,K], parent_index [B,K], attention_mask [B,K,K], positions [B,K])`."""
+    def expand(
+        self, topk_tokens: npt.ArrayLike, topk_logprobs: npt.ArrayLike
+    ) -> tuple[
+        npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.bool_], npt.NDArray[np.int64]
+    ]:
+        """One draft step from `[B,K,K]` inputs; mask is `[B, K, level*K]`."""
+    def build(self) -> tuple[TreeBatch, npt.NDArray[np.int64]]:
+        """`(TreeBatch, pool_index [B, budget-1])` reranked from every drafted candidate."""
+
+@final
+class AcceptanceStats:
+    """Online acceptance counts per (depth, sibling rank), fed with verify results."""
+
+    def __new__(cls) -> AcceptanceStats:
+        """An empty accumulator."""
+    def update(self, tree: Tree | TreeBatch, result: VerifyResult | BatchVerifyResult) -> None:
+        """Records the verified tree(s) and their accepted paths."""
+    def merge(self, other: AcceptanceStats) -> None:
+        """Adds another accumulator's counts."""
+    @property
+    def steps(self) -> int:
+        """Verified trees recorded."""
+    @property
+    def mean_accepted(self) -> float:
+        """Mean accepted draft tokens per verified tree (bonus excluded)."""
+    @property
+    def trials(self) -> npt.NDArray[np.int64]:
+        """int64 `[depths, ranks]`: children of reached nodes (by child depth - 1, rank)."""
+    @property
+    def hits(self) -> npt.NDArray[np.int64]:
+        """int64 `[depths, ranks]`: accepted children."""
+    def accept_probs(self) -> npt.NDArray[np.float64]:
+        """Fitted acceptance per rank, pooled over depths."""
+    def confidence_interval(
+        self, z: float = 1.96
+    ) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
+        """Wilson score intervals `(low, high)` per rank."""
+    def optimal_tree(
+        self, budget: int, max_depth: int | None = None
+    ) -> tuple[list[tuple[int, ...]], float]:
+        """Sequoia-optimal tree for the fitted vector."""
+
+def sglang_organize(
+    scores: npt.ArrayLike, tokens: npt.ArrayLike, num_draft_token: int
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    """`(top_scores_index, draft_tokens)` `[bs, N-1]` from the concatenated pool."""
+
+def sglang_build_tree(
+    parent_list: npt.ArrayLike,
+    selected_index: npt.ArrayLike,
+    seq_lens: npt.ArrayLike,
+    seq_lens_sum: int,
+    tree_mask: npt.NDArray[Any],
+    positions: npt.NDArray[np.int64],
+    retrive_index: npt.NDArray[np.int64],
+    retrive_next_token: npt.NDArray[np.int64],
+    retrive_next_sibling: npt.NDArray[np.int64],
+    topk: int,
+    depth: int,
+    num_verify_tokens: int,
+    tree_mask_mode: int,
+) -> None:
+    """sgl-kernel `build_tree_efficient`: fills the five output arrays in place."""
+
+def sglang_verify_tree_greedy(
+    predicts: npt.NDArray[np.int32],
+    accept_index: npt.NDArray[np.int32],
+    accept_token_num: npt.NDArray[np.int32],
+    candidates: npt.ArrayLike,
+    retrive_index: npt.ArrayLike,
+    retrive_next_token: npt.ArrayLike,
+    retrive_next_sibling: npt.ArrayLike,
+    target_predict: npt.ArrayLike,
+) -> None:
+    """sgl-kernel `verify_tree_greedy`: fills predicts, accept_index, accept_token_num."""

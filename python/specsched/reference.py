@@ -1069,3 +1069,379 @@ def batch_verify_sampled(
         acc_out.append(acc + [-1] * (width - len(acc)))
         tok_out.append(emitted + [-1] * (width - len(emitted)))
     return num_acc, acc_out, tok_out
+
+
+# ---------------------------------------------------------------------------------------------
+# Tree construction (issue 5): top-N selection, SGLang's EAGLE tree ops, Sequoia, dynamic EAGLE-2
+# drafting and acceptance statistics. Written from DESIGN.md / docs/api.md and SGLang's published
+# contracts, as plain loops.
+# ---------------------------------------------------------------------------------------------
+
+__all__ += [
+    "DynamicTreeBuilder",
+    "acceptance_counts",
+    "choose_tree",
+    "expected_accept_length",
+    "optimal_tree",
+    "optimal_tree_heap",
+    "sglang_build_tree",
+    "sglang_organize",
+    "sglang_verify_tree_greedy",
+    "top_n_tree",
+]
+
+
+def top_n_tree(
+    parents: Sequence[int],
+    scores: Sequence[float],
+    budget: int,
+    tokens: Sequence[int] | None = None,
+    root_token: int = 0,
+    cumulative: bool = True,
+) -> tuple[list[int], list[int], list[int]]:
+    """`(tree parents, tree tokens, pool index of each draft node)` of the best budget-1 pool
+    candidates: higher cumulative log score, then shallower, then lower pool index."""
+    m = len(parents)
+    if budget < 1 or budget - 1 > m:
+        raise ValueError(f"budget: {budget} does not fit a pool of {m}")
+    if tokens is None:
+        tokens = list(range(m))
+    total: list[float] = []
+    depth: list[int] = []
+    for i in range(m):
+        p = parents[i]
+        s = float(scores[i])
+        if not -1 <= p < i:
+            raise ValueError(f"parents: parents[{i}] = {p}")
+        if math.isnan(s) or s > 0:
+            raise ValueError(f"scores: scores[{i}] = {s} (candidate {i})")
+        if p == -1:
+            total.append(s)
+            depth.append(1)
+        else:
+            if cumulative and s > total[p]:
+                raise ValueError(f"scores: scores[{i}] (candidate {i}) exceeds its parent's")
+            total.append(s if cumulative else total[p] + s)
+            depth.append(depth[p] + 1)
+    order = sorted(range(m), key=lambda i: (-total[i], depth[i], i))
+    chosen = sorted(order[: budget - 1])
+    node_of = {g: n + 1 for n, g in enumerate(chosen)}
+    tree_parents = [-1] + [0 if parents[g] == -1 else node_of[parents[g]] for g in chosen]
+    tree_tokens = [root_token] + [tokens[g] for g in chosen]
+    return tree_parents, tree_tokens, chosen
+
+
+def sglang_organize(
+    scores: Sequence[Sequence[float]], tokens: Sequence[Sequence[int]], num_draft_token: int
+) -> tuple[list[list[int]], list[list[int]]]:
+    """SGLang `organize_draft_results` on the concatenated pool: per request, the indices of the
+    num_draft_token-1 highest scores (ties to the lower index), sorted, and their tokens."""
+    top: list[list[int]] = []
+    drafts: list[list[int]] = []
+    for row_s, row_t in zip(scores, tokens, strict=True):
+        if any(math.isnan(s) for s in row_s):
+            raise ValueError("score_list: NaN score")
+        order = sorted(range(len(row_s)), key=lambda g: (-row_s[g], g))
+        chosen = sorted(order[: num_draft_token - 1])
+        top.append(chosen)
+        drafts.append([row_t[g] for g in chosen])
+    return top, drafts
+
+
+def sglang_build_tree(
+    parent_list: Sequence[Sequence[int]],
+    selected_index: Sequence[Sequence[int]],
+    seq_lens: Sequence[int],
+    topk: int,
+    num_verify_tokens: int,
+    mode: int,
+) -> tuple[list[Any], list[int], list[list[int]], list[list[int]], list[list[int]]]:
+    """SGLang `build_tree_kernel_efficient` outputs `(tree_mask, positions, retrive_index,
+    retrive_next_token, retrive_next_sibling)`: node 0 is the root, node i is candidate
+    selected_index[b][i-1], whose parent is candidate parent_list[b][g // topk] (the root when
+    g // topk == 0). mode 0 FULL, 1 QLEN_ONLY, 2 bit-packed ints (bit j = node j)."""
+    n = num_verify_tokens
+    mask: list[Any] = []
+    positions: list[int] = []
+    r_index: list[list[int]] = []
+    r_next: list[list[int]] = []
+    r_sib: list[list[int]] = []
+    for b, seq in enumerate(seq_lens):
+        sel = list(selected_index[b])
+        par = [-1]
+        for i in range(1, n):
+            g = sel[i - 1]
+            if g // topk == 0:
+                par.append(0)
+                continue
+            pg = parent_list[b][g // topk]
+            if pg not in sel[: i - 1]:
+                raise ValueError(f"invalid eagle tree: request {b}, node {i}")
+            par.append(sel.index(pg) + 1)
+        dep = depths(par)
+        positions += [seq + d for d in dep]
+        r_index.append([b * n + i for i in range(n)])
+        nxt, sib = sglang_links(par)
+        r_next.append(nxt)
+        r_sib.append(sib)
+        for i in range(n):
+            anc = set(_ancestors_or_self(par, i))
+            if mode == 2:
+                mask.append(sum(1 << j for j in anc))
+            else:
+                prefix = [True] * seq if mode == 0 else []
+                mask += prefix + [j in anc for j in range(n)]
+    return mask, positions, r_index, r_next, r_sib
+
+
+def sglang_verify_tree_greedy(
+    candidates: Sequence[Sequence[int]],
+    retrive_index: Sequence[Sequence[int]],
+    retrive_next_token: Sequence[Sequence[int]],
+    retrive_next_sibling: Sequence[Sequence[int]],
+    target_predict: Sequence[int],
+    num_speculative_tokens: int,
+    predicts: Sequence[int],
+) -> tuple[list[int], list[list[int]], list[int]]:
+    """sgl-kernel `verify_tree_greedy`: `(predicts, accept_index, accept_token_num)`; predicts
+    starts as the given list and is written at accepted/stop nodes (global flat index)."""
+    out = list(predicts)
+    accept_index: list[list[int]] = []
+    accept_num: list[int] = []
+    for b in range(len(candidates)):
+        last = retrive_index[b][0]
+        row = [last]
+        cur = 0
+        for _ in range(1, num_speculative_tokens):
+            cur = retrive_next_token[b][cur]
+            while cur != -1:
+                if candidates[b][cur] == target_predict[last]:
+                    out[last] = target_predict[last]
+                    last = retrive_index[b][cur]
+                    row.append(last)
+                    break
+                cur = retrive_next_sibling[b][cur]
+            if cur == -1:
+                break
+        out[last] = target_predict[last]
+        accept_num.append(len(row) - 1)
+        accept_index.append(row + [-1] * (num_speculative_tokens - len(row)))
+    return out, accept_index, accept_num
+
+
+def expected_accept_length(parents: Sequence[int], accept_probs: Sequence[float]) -> float:
+    """1 + sum over draft nodes of the product of accept_probs[rank] along the path (rank =
+    position among siblings in node order; ranks past the vector have probability 0)."""
+    kids = _children(parents)
+    value = [0.0] * len(parents)
+    value[0] = 1.0
+    for v in range(len(parents)):
+        for r, c in enumerate(kids[v]):
+            value[c] = value[v] * (accept_probs[r] if r < len(accept_probs) else 0.0)
+    return sum(value)
+
+
+def optimal_tree(
+    accept_probs: Sequence[float], budget: int, max_depth: int | None = None
+) -> tuple[list[tuple[int, ...]], float]:
+    """Exact best tree of at most `budget` nodes and depth <= max_depth, top-down with memo:
+    best(m, l) = 1 + max over b children of the best split of m-1 nodes among ranks 0..b-1."""
+    import functools
+
+    depth = max(1, budget - 1 if max_depth is None else min(max_depth, budget - 1))
+    p = list(accept_probs)
+
+    @functools.cache
+    def best(m: int, level: int) -> tuple[float, tuple[tuple[int, ...], ...]]:
+        # value and shape (a tuple of child subtree sizes, recursively as choice suffixes)
+        if m <= 1 or level == 0:
+            return (1.0, ())
+        top: tuple[float, tuple[tuple[int, ...], ...]] = (1.0, ())
+        for b in range(1, min(len(p), m - 1) + 1):
+            val, paths = split(m - 1, b, level)
+            if val + 1.0 > top[0]:
+                top = (1.0 + val, paths)
+        return top
+
+    @functools.cache
+    def split(m: int, b: int, level: int) -> tuple[float, tuple[tuple[int, ...], ...]]:
+        # ranks 0..b-1 each get >= 1 of at most m nodes
+        if b == 0:
+            return (0.0, ())
+        top: tuple[float, tuple[tuple[int, ...], ...]] = (-1.0, ())
+        for y in range(1, m - (b - 1) + 1):
+            rest_v, rest_paths = split(m - y, b - 1, level)
+            sub_v, sub_paths = best(y, level - 1)
+            v = rest_v + p[b - 1] * sub_v
+            if v > top[0]:
+                mine = ((b - 1,), *((b - 1, *s) for s in sub_paths))
+                top = (v, rest_paths + mine)
+        return top
+
+    value, paths = best(budget, depth)
+    return sorted(paths, key=lambda c: (len(c), c)), value
+
+
+def optimal_tree_heap(
+    accept_probs: Sequence[float], budget: int, max_depth: int | None = None
+) -> tuple[list[tuple[int, ...]], float]:
+    """Greedy best-first growth for a non-increasing vector: repeatedly add the most valuable
+    node whose parent and previous sibling are already in the tree."""
+    depth = budget - 1 if max_depth is None else max_depth
+    p = list(accept_probs)
+    chosen: dict[tuple[int, ...], float] = {(): 1.0}
+    while len(chosen) < budget:
+        best: tuple[float, tuple[int, ...]] | None = None
+        for path, val in chosen.items():
+            options = []
+            if len(path) < depth:
+                options.append((val * p[0], (*path, 0)))
+            if path and path[-1] + 1 < len(p):
+                options.append((chosen[path[:-1]] * p[path[-1] + 1], (*path[:-1], path[-1] + 1)))
+            for v, c in options:
+                if c not in chosen and v > 0 and (best is None or v > best[0]):
+                    best = (v, c)
+        if best is None:
+            break
+        chosen[best[1]] = best[0]
+    paths = [c for c in chosen if c]
+    return sorted(paths, key=lambda c: (len(c), c)), sum(chosen.values())
+
+
+def choose_tree(
+    accept_probs: Sequence[float],
+    t_draft: float,
+    t_verify: dict[int, float],
+    max_depth: int,
+) -> tuple[int, int, float, float]:
+    """`(budget, depth, expected_length, time_per_token)` minimizing
+    (depth * t_draft + t_verify[budget]) / expected_length; budget 1 drafts nothing (depth 0);
+    ties to the smaller budget, then the shallower depth."""
+    best: tuple[float, int, int, float] | None = None
+    for n in sorted(t_verify):
+        depths_ = [0] if n == 1 else range(1, min(max_depth, n - 1) + 1)
+        for d in depths_:
+            e = 1.0 if n == 1 else optimal_tree(accept_probs, n, d)[1]
+            cost = (d * t_draft + t_verify[n]) / e
+            if best is None or cost < best[0]:
+                best = (cost, n, d, e)
+    assert best is not None
+    return best[1], best[2], best[3], best[0]
+
+
+class DynamicTreeBuilder:
+    """EAGLE-2 drafting for a batch, as nested lists: pool per request, frontier of K."""
+
+    def __init__(self, batch: int, topk: int, depth: int, budget: int) -> None:
+        if batch < 1 or topk < 1 or depth < 1:
+            raise ValueError("batch, topk and depth must be >= 1")
+        if budget < 1 or budget - 1 > topk + (depth - 1) * topk * topk:
+            raise ValueError("budget: does not fit the pool")
+        self.batch, self.topk, self.depth, self.budget = batch, topk, depth, budget
+        self.level = 0
+
+    def _step(self, parent_index: list[list[int]]) -> tuple[Any, Any, Any, Any]:
+        k = self.topk
+        tokens = [[self.tokens[b][g] for g in self.frontier[b]] for b in range(self.batch)]
+        masks = []
+        for b in range(self.batch):
+            rows = []
+            for g in self.frontier[b]:
+                anc = set()
+                while g != -1:
+                    anc.add(g)
+                    g = self.parents[b][g]
+                rows.append([f in anc for f in self.fed[b]])
+            masks.append(rows)
+        pos = [[self.prefix[b] + self.level] * k for b in range(self.batch)]
+        return tokens, parent_index, masks, pos
+
+    def start(
+        self,
+        root_tokens: Sequence[int],
+        topk_tokens: Sequence[Sequence[int]],
+        topk_logprobs: Sequence[Sequence[float]],
+        prefix_lens: Sequence[int] | None = None,
+    ) -> tuple[Any, Any, Any, Any]:
+        k = self.topk
+        for row in topk_logprobs:
+            if any(math.isnan(x) or x > 0 for x in row):
+                raise ValueError("topk_logprobs: must be <= 0 and not NaN")
+        self.root = list(root_tokens)
+        self.prefix = list(prefix_lens) if prefix_lens is not None else [0] * self.batch
+        self.scores = [list(map(float, row)) for row in topk_logprobs]
+        self.tokens = [list(row) for row in topk_tokens]
+        self.parents = [[-1] * k for _ in range(self.batch)]
+        self.frontier = [list(range(k)) for _ in range(self.batch)]
+        self.fed = [list(range(k)) for _ in range(self.batch)]
+        self.level = 1
+        return self._step([[0] * k for _ in range(self.batch)])
+
+    def expand(
+        self, topk_tokens: Sequence[Any], topk_logprobs: Sequence[Any]
+    ) -> tuple[Any, Any, Any, Any]:
+        if self.level == 0 or self.level >= self.depth:
+            raise ValueError("expand: not started or already at full depth")
+        k = self.topk
+        parent_index = []
+        for b in range(self.batch):
+            base = len(self.scores[b])
+            for j, f in enumerate(self.frontier[b]):
+                for c in range(k):
+                    lp = float(topk_logprobs[b][j][c])
+                    if math.isnan(lp) or lp > 0:
+                        raise ValueError("topk_logprobs: must be <= 0 and not NaN")
+                    self.scores[b].append(self.scores[b][f] + lp)
+                    self.tokens[b].append(topk_tokens[b][j][c])
+                    self.parents[b].append(f)
+            new = sorted(range(base, base + k * k), key=lambda g: (-self.scores[b][g], g))[:k]
+            parent_index.append([(g - base) // k for g in new])
+            self.frontier[b] = new
+            self.fed[b] += new
+        self.level += 1
+        return self._step(parent_index)
+
+    def build(self) -> tuple[list[int], list[int], list[list[int]]]:
+        """`(flat tree-local parents, flat tokens, pool_index [B][budget-1])`."""
+        parents: list[int] = []
+        tokens: list[int] = []
+        pool: list[list[int]] = []
+        for b in range(self.batch):
+            p, t, idx = top_n_tree(
+                self.parents[b],
+                self.scores[b],
+                self.budget,
+                self.tokens[b],
+                self.root[b],
+            )
+            parents += p
+            tokens += t
+            pool.append(idx)
+        return parents, tokens, pool
+
+
+def acceptance_counts(
+    observations: Sequence[tuple[Sequence[int], Sequence[int]]],
+) -> tuple[list[list[int]], list[list[int]]]:
+    """`(trials, hits)` `[depth - 1][rank]` from (tree parents, accepted path) pairs: every child
+    of a node on the accepted path is a trial for (child depth, sibling rank); the accepted child
+    is a hit."""
+    trials: dict[tuple[int, int], int] = {}
+    hits: dict[tuple[int, int], int] = {}
+    for parents, path in observations:
+        dep = depths(parents)
+        kids = _children(parents)
+        for j, v in enumerate(path):
+            nxt = path[j + 1] if j + 1 < len(path) else None
+            for r, c in enumerate(kids[v]):
+                key = (dep[v], r)
+                trials[key] = trials.get(key, 0) + 1
+                if c == nxt:
+                    hits[key] = hits.get(key, 0) + 1
+    if not trials:
+        return [], []
+    nd = max(d for d, _ in trials) + 1
+    nr = max(r for _, r in trials) + 1
+    t = [[trials.get((d, r), 0) for r in range(nr)] for d in range(nd)]
+    h = [[hits.get((d, r), 0) for r in range(nr)] for d in range(nd)]
+    return t, h

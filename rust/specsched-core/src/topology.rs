@@ -147,6 +147,161 @@ pub fn from_choices<I: IndexLike>(
     Tree::new(&parents, &node_tokens)
 }
 
+/// A float type accepted for scores (`f32` or `f64`).
+pub trait ScoreLike: Copy + Send + Sync {
+    fn to_f64(self) -> f64;
+}
+
+impl ScoreLike for f32 {
+    #[inline]
+    fn to_f64(self) -> f64 {
+        self as f64
+    }
+}
+
+impl ScoreLike for f64 {
+    #[inline]
+    fn to_f64(self) -> f64 {
+        self
+    }
+}
+
+/// The selection order of every top-N builder: higher score first, then shallower, then lower
+/// pool index. A child never scores above its parent and is deeper, so the parent always comes
+/// strictly before it: every prefix of this order is ancestor-closed, ties included.
+#[inline]
+pub fn rank_order(a: (f64, u32, u32), b: (f64, u32, u32)) -> std::cmp::Ordering {
+    // Scores are checked non-NaN before they get here, so partial_cmp never fails.
+    b.0.partial_cmp(&a.0)
+        .unwrap_or(std::cmp::Ordering::Equal)
+        .then(a.1.cmp(&b.1))
+        .then(a.2.cmp(&b.2))
+}
+
+/// Keeps the first `k` keys of `keys` in [`rank_order`] and returns their pool indices in
+/// increasing order. O(M + k log k).
+pub fn select_top(keys: &mut [(f64, u32, u32)], k: usize, out: &mut Vec<u32>) {
+    out.clear();
+    if k == 0 {
+        return;
+    }
+    if k < keys.len() {
+        keys.select_nth_unstable_by(k - 1, |a, b| rank_order(*a, *b));
+    }
+    out.extend(keys[..k].iter().map(|key| key.2));
+    out.sort_unstable();
+}
+
+/// The best `budget - 1` candidates of a pool as a tree.
+///
+/// Candidate `i` hangs under `parents[i]` (`-1` = the root, otherwise `0 <= parents[i] < i`) and
+/// carries `scores[i]`: its cumulative log score when `cumulative`, else the log acceptance
+/// estimate of the edge to it (cumulative = sum along the path). Log scores are `<= 0` (`-inf`
+/// allowed); a cumulative score may not exceed its parent's. The selection follows
+/// [`rank_order`], so it is ancestor-closed even with ties. The tree's node `n >= 1` is the
+/// `n`-th selected candidate in increasing pool index (parents first); node 0 is the root with
+/// `root_token`. Returns the tree and the pool index of every draft node. O(M + N log N).
+pub fn top_n<P: IndexLike, S: ScoreLike, T: IndexLike>(
+    parents: ArrayView1<'_, P>,
+    scores: ArrayView1<'_, S>,
+    tokens: ArrayView1<'_, T>,
+    root_token: i64,
+    budget: usize,
+    cumulative: bool,
+) -> Result<(Tree, Vec<i64>)> {
+    let m = parents.len();
+    if scores.len() != m {
+        return Err(Error::value(
+            "scores",
+            format!("has {} entries but parents has {m}", scores.len()),
+        ));
+    }
+    if tokens.len() != m {
+        return Err(Error::value(
+            "tokens",
+            format!("has {} entries but parents has {m}", tokens.len()),
+        ));
+    }
+    if budget == 0 {
+        return Err(Error::value(
+            "budget",
+            "must be >= 1 (the root counts as one node)",
+        ));
+    }
+    if budget > MAX_NODES || m >= u32::MAX as usize {
+        return Err(Error::value(
+            "budget",
+            format!("{budget} nodes, more than the supported maximum of {MAX_NODES}"),
+        ));
+    }
+    if budget - 1 > m {
+        return Err(Error::value(
+            "budget",
+            format!(
+                "{budget} nodes need {} candidates but the pool has only {m}",
+                budget - 1
+            ),
+        ));
+    }
+    let mut keys: Vec<(f64, u32, u32)> = Vec::with_capacity(m);
+    for i in 0..m {
+        let p = parents[i].to_i64();
+        if p < -1 || p >= i as i64 {
+            return Err(Error::value(
+                "parents",
+                format!(
+                    "parents[{i}] = {p}: expected -1 (the root) or a candidate index in [0, {i}) \
+                     (parents come before children)"
+                ),
+            ));
+        }
+        let s = scores[i].to_f64();
+        if s.is_nan() || s > 0.0 {
+            return Err(Error::value(
+                "scores",
+                format!("scores[{i}] = {s} (candidate {i}): log scores must be <= 0 and not NaN"),
+            ));
+        }
+        let (score, depth) = if p < 0 {
+            (s, 1)
+        } else {
+            let (ps, pd, _) = keys[p as usize];
+            if cumulative {
+                if s > ps {
+                    return Err(Error::value(
+                        "scores",
+                        format!(
+                            "scores[{i}] = {s} (candidate {i}) is above its parent's score \
+                             scores[{p}] = {ps}; a cumulative score never increases along a path"
+                        ),
+                    ));
+                }
+                (s, pd + 1)
+            } else {
+                (ps + s, pd + 1)
+            }
+        };
+        keys.push((score, depth, i as u32));
+    }
+    let mut chosen = Vec::with_capacity(budget - 1);
+    select_top(&mut keys, budget - 1, &mut chosen);
+    let mut node_of = vec![0i32; m];
+    let mut tree_parents = Vec::with_capacity(budget);
+    let mut tree_tokens = Vec::with_capacity(budget);
+    tree_parents.push(-1i32);
+    tree_tokens.push(root_token);
+    for (n, &g) in chosen.iter().enumerate() {
+        let g = g as usize;
+        node_of[g] = n as i32 + 1;
+        let p = parents[g].to_i64();
+        // Ancestor closure (see rank_order) guarantees the parent was selected earlier.
+        tree_parents.push(if p < 0 { 0 } else { node_of[p as usize] });
+        tree_tokens.push(tokens[g].to_i64());
+    }
+    let tree = Tree::new(&tree_parents, &tree_tokens)?;
+    Ok((tree, chosen.iter().map(|&g| g as i64).collect()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -178,6 +333,50 @@ mod tests {
         assert!(from_choices(&ch(&[&[]]), NONE).is_err());
         assert!(from_choices(&ch(&[&[-1]]), NONE).is_err());
         assert_eq!(from_choices(&[], NONE).unwrap().num_nodes(), 1);
+    }
+
+    fn top(
+        parents: &[i64],
+        scores: &[f64],
+        budget: usize,
+        cumulative: bool,
+    ) -> Result<(Tree, Vec<i64>)> {
+        let tokens: Vec<i64> = (0..parents.len() as i64).map(|i| 100 + i).collect();
+        top_n(
+            ArrayView1::from(parents),
+            ArrayView1::from(scores),
+            ArrayView1::from(&tokens),
+            7,
+            budget,
+            cumulative,
+        )
+    }
+
+    #[test]
+    fn top_n_keeps_ancestors_on_ties_and_orders_by_pool_index() {
+        // 0, 1 under the root; 2 under 1 with the same cumulative score as 0 and 1.
+        let (t, idx) = top(&[-1, -1, 1], &[-1.0, -1.0, -1.0], 3, true).unwrap();
+        assert_eq!(idx, [0, 1]);
+        assert_eq!(t.parents(), &[-1, 0, 0]);
+        // Child 2 ties its parent: the parent (shallower) wins the last slot.
+        let (t, idx) = top(&[-1, -1, 0], &[-2.0, -0.5, 0.0], 3, false).unwrap();
+        assert_eq!(idx, [0, 1]);
+        assert_eq!(t.tokens(), &[7, 100, 101]);
+        let (t, idx) = top(&[-1, -1, 0], &[-0.5, -2.0, 0.0], 3, false).unwrap();
+        assert_eq!(idx, [0, 2]);
+        assert_eq!(t.parents(), &[-1, 0, 1]);
+    }
+
+    #[test]
+    fn top_n_rejects_bad_pools() {
+        let e = top(&[-1, -1], &[-1.0, f64::NAN], 2, true).unwrap_err();
+        assert!(e.to_string().contains("candidate 1"), "{e}");
+        assert!(top(&[-1, -1], &[-1.0, f64::INFINITY], 2, true).is_err());
+        assert!(top(&[-1, 1], &[-1.0, -1.0], 2, true).is_err());
+        assert!(top(&[-1, 0], &[-1.0, -0.5], 2, true).is_err());
+        assert!(top(&[-1, 0], &[-1.0, -0.5], 4, true).is_err());
+        assert!(top(&[-1, 0], &[-1.0, -0.5], 0, true).is_err());
+        assert_eq!(top(&[-1], &[f64::NEG_INFINITY], 2, true).unwrap().1, [0]);
     }
 
     #[test]

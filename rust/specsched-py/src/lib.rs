@@ -3,9 +3,13 @@
 
 use pyo3::prelude::*;
 
+mod build;
 mod convert;
 mod kv;
+mod ndconv;
+mod sglang;
 mod sim;
+mod stats;
 mod tree;
 mod verify;
 
@@ -27,6 +31,15 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(sim::sim_path_probs, m)?)?;
     m.add_function(wrap_pyfunction!(sim::sim_best_tree, m)?)?;
     m.add_function(wrap_pyfunction!(sim::sim_simulate, m)?)?;
+    m.add_class::<build::PyDynamicTreeBuilder>()?;
+    m.add_class::<stats::PyAcceptanceStats>()?;
+    m.add_function(wrap_pyfunction!(build::top_n_tree, m)?)?;
+    m.add_function(wrap_pyfunction!(build::optimal_tree, m)?)?;
+    m.add_function(wrap_pyfunction!(build::expected_accept_length, m)?)?;
+    m.add_function(wrap_pyfunction!(build::choose_tree, m)?)?;
+    m.add_function(wrap_pyfunction!(sglang::sglang_organize, m)?)?;
+    m.add_function(wrap_pyfunction!(sglang::sglang_build_tree, m)?)?;
+    m.add_function(wrap_pyfunction!(sglang::sglang_verify_tree_greedy, m)?)?;
     m.add("MAX_NODES", specsched_core::tree::MAX_NODES)?;
     m.add("MAX_BATCH_NODES", specsched_core::tree::MAX_BATCH_NODES)?;
     m.add("DRAFT_SUM_TOL", specsched_core::select::DRAFT_SUM_TOL)?;

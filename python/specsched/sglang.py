@@ -1,0 +1,254 @@
+"""Drop-in replacements for SGLang's EAGLE tree ops, on numpy arrays and torch CPU tensors.
+
+Same names, arguments and outputs as SGLang's `organize_draft_results`,
+`build_tree_kernel_efficient` (python/sglang/srt/speculative/eagle_utils.py, over sgl-kernel's
+`build_tree_efficient`) and sgl-kernel's `verify_tree_greedy` (in place, returns None), so a
+serving loop that swaps them in gets identical outputs. The work is one Rust call each; this
+module only concatenates SGLang's per-step lists, allocates outputs like SGLang does and maps
+torch CPU tensors to numpy views of the same memory (and back). Differences on bad input only:
+where the CUDA kernels print "invalid eagle tree" and skip the node (or read out of bounds),
+these raise ValueError / IndexError naming the request and node.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from enum import IntEnum
+from typing import Any
+
+import numpy as np
+
+from specsched import _core
+
+__all__ = [
+    "TreeMaskMode",
+    "build_tree_kernel_efficient",
+    "organize_draft_results",
+    "verify_tree_greedy",
+]
+
+
+class TreeMaskMode(IntEnum):
+    """SGLang's tree mask layouts."""
+
+    FULL_MASK = 0
+    QLEN_ONLY = 1
+    QLEN_ONLY_BITPACKING = 2
+
+
+_PACKED_DTYPES = (np.uint8, np.uint16, np.uint32)
+
+
+def _is_torch(x: object) -> bool:
+    if type(x) is np.ndarray:
+        return False
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(x, torch.Tensor)
+
+
+def _host(x: Any, arg: str) -> np.ndarray:
+    """`x` as a numpy array; a torch CPU tensor becomes a view of the same memory."""
+    if type(x) is np.ndarray:
+        return x
+    if _is_torch(x):
+        if x.device.type != "cpu":
+            raise TypeError(
+                f"{arg}: specsched.sglang runs on the host; got a tensor on {x.device} "
+                "(pass CPU tensors or numpy arrays)"
+            )
+        return x.detach().numpy()
+    return np.asarray(x)
+
+
+def _back(x: np.ndarray, like_torch: bool) -> Any:
+    if like_torch:
+        import torch
+
+        return torch.from_numpy(x)
+    return x
+
+
+def organize_draft_results(
+    score_list: Sequence[Any],
+    token_list: Sequence[Any],
+    parents_list: Sequence[Any],
+    num_draft_token: int,
+) -> tuple[Any, Any, Any]:
+    """`(parent_list, top_scores_index, draft_tokens)` as SGLang computes them.
+
+    `score_list[i]` is `[bs, 1, K]` (step 0) or `[bs, K, K]`, `token_list[i]` `[bs, K]` or
+    `[bs, K*K]`, `parents_list[i]` `[bs, K+1]` or `[bs, K]`. The best `num_draft_token - 1`
+    candidates by score (ties to the lower pool index, i.e. the shallower), sorted by pool
+    index; NaN scores are a ValueError naming the request and candidate.
+    """
+    if len(score_list) == 0 or len(token_list) != len(score_list):
+        raise ValueError(
+            "score_list / token_list: expected the same non-zero number of draft steps, "
+            f"got {len(score_list)} and {len(token_list)}"
+        )
+    torch_in = _is_torch(score_list[0])
+    scores = [_host(s, f"score_list[{i}]") for i, s in enumerate(score_list)]
+    tokens = [_host(t, f"token_list[{i}]") for i, t in enumerate(token_list)]
+    bs = scores[0].shape[0]
+    score = np.concatenate([s.reshape(bs, -1) for s in scores], axis=1)
+    token = np.concatenate([t.reshape(bs, -1) for t in tokens], axis=1)
+    top_index, draft = _core.sglang_organize(score, token, int(num_draft_token))
+    draft = draft.astype(token.dtype, copy=False)
+    if len(parents_list) > 1:
+        parents = [_host(p, f"parents_list[{i}]") for i, p in enumerate(parents_list[:-1])]
+        parent_list = np.concatenate(parents, axis=1).astype(np.int64, copy=False)
+    else:
+        parent_list = np.empty((bs, 0), dtype=np.int64)
+    return (
+        _back(parent_list, torch_in),
+        _back(top_index, torch_in),
+        _back(draft, torch_in),
+    )
+
+
+def _mask_out(mode: int, needed: int, n: int, buf: Any) -> tuple[np.ndarray, np.ndarray | None]:
+    """`(kernel view, whole buffer)`: the first `needed` entries are the kernel's; the rest of a
+    caller's buffer is filled as SGLang fills it (True, or 0 for bit-packed)."""
+    dtype: type[np.generic]
+    if mode == TreeMaskMode.QLEN_ONLY_BITPACKING:
+        try:
+            dtype = _PACKED_DTYPES[int(np.ceil(np.log2((n + 7) // 8)))]
+        except IndexError:
+            raise ValueError(
+                f"num_verify_tokens: {n} draft tokens do not fit a bit-packed mask row (at most 32)"
+            ) from None
+        fill: Any = 0
+    else:
+        dtype, fill = np.bool_, True
+    if buf is None:
+        return np.empty(needed, dtype=dtype), None
+    whole = _host(buf, "tree_mask_buf")
+    if not whole.flags.c_contiguous:
+        raise ValueError("tree_mask_buf: must be contiguous (it is filled in place)")
+    flat = whole.reshape(-1)
+    if flat.size < needed:
+        raise ValueError(f"tree_mask_buf: needs at least {needed} entries, has {flat.size}")
+    if flat.size > needed:
+        flat[needed:] = fill
+    return flat[:needed], whole
+
+
+def build_tree_kernel_efficient(
+    verified_id: Any,
+    parent_list: Any,
+    top_scores_index: Any,
+    draft_tokens: Any,
+    seq_lens: Any,
+    seq_lens_sum: int,
+    topk: int,
+    spec_steps: int,
+    num_verify_tokens: int,
+    tree_mask_mode: TreeMaskMode | int = TreeMaskMode.FULL_MASK,
+    tree_mask_buf: Any = None,
+    position_buf: Any = None,
+) -> tuple[Any, Any, Any, Any, Any, Any]:
+    """`(tree_mask, positions, retrive_index, retrive_next_token, retrive_next_sibling,
+    draft_tokens)` exactly as SGLang's `build_tree_kernel_efficient` returns them.
+
+    tree_mask: FULL_MASK bool `[sum(seq_lens)*N + bs*N*N]` (each request's `N x (seq_len+N)`
+    rows), QLEN_ONLY bool `[bs*N*N]`, QLEN_ONLY_BITPACKING uint8/16/32 `[bs*N]` (bit j = node j
+    is self or ancestor). positions int64 `[bs*N]` = seq_len + depth; retrive_* int64
+    `[bs, N]`; draft_tokens `[bs*N]` = verified_id then the selected tokens, per request.
+    """
+    torch_in = _is_torch(seq_lens)
+    mode = int(tree_mask_mode)
+    if mode not in (0, 1, 2):
+        raise ValueError(
+            f"tree_mask_mode: expected 0 (FULL_MASK), 1 (QLEN_ONLY) or 2 "
+            f"(QLEN_ONLY_BITPACKING), got {tree_mask_mode!r}"
+        )
+    seq = _host(seq_lens, "seq_lens")
+    vid = _host(verified_id, "verified_id")
+    drafts = _host(draft_tokens, "draft_tokens")
+    bs, n, total_seq = seq.shape[0], int(num_verify_tokens), int(seq_lens_sum)
+    if vid.shape != (bs,) or drafts.shape != (bs, n - 1):
+        raise ValueError(
+            f"verified_id / draft_tokens: expected shapes ({bs},) and ({bs}, {n - 1}), "
+            f"got {vid.shape} and {drafts.shape}"
+        )
+    # Sized from seq_lens_sum as SGLang sizes it; Rust checks it against seq_lens.
+    if mode == TreeMaskMode.FULL_MASK:
+        needed = max(total_seq, 0) * n + bs * n * n
+    elif mode == TreeMaskMode.QLEN_ONLY:
+        needed = bs * n * n
+    else:
+        needed = bs * n
+    mask, mask_whole = _mask_out(mode, needed, n, tree_mask_buf)
+    if position_buf is None:
+        positions_whole = None
+        positions = np.empty(bs * n, dtype=np.int64)
+    else:
+        positions_whole = _host(position_buf, "position_buf")
+        if not positions_whole.flags.c_contiguous:
+            raise ValueError("position_buf: must be contiguous (it is filled in place)")
+        positions = positions_whole.reshape(-1)[: bs * n]
+    retrive = np.empty((3, bs, n), dtype=np.int64)
+    _core.sglang_build_tree(
+        _host(parent_list, "parent_list"),
+        _host(top_scores_index, "top_scores_index"),
+        seq,
+        total_seq,
+        mask,
+        positions,
+        retrive[0],
+        retrive[1],
+        retrive[2],
+        int(topk),
+        int(spec_steps),
+        n,
+        int(mode),
+    )
+    tokens = np.concatenate((vid[:, None], drafts), axis=1)
+    if torch_in:
+        return (
+            tree_mask_buf if mask_whole is not None else _back(mask, True),
+            position_buf if positions_whole is not None else _back(positions, True),
+            _back(retrive[0], True),
+            _back(retrive[1], True),
+            _back(retrive[2], True),
+            _back(tokens.reshape(-1), True),
+        )
+    return (
+        mask_whole if mask_whole is not None else mask,
+        positions_whole if positions_whole is not None else positions,
+        retrive[0],
+        retrive[1],
+        retrive[2],
+        tokens.reshape(-1),
+    )
+
+
+def verify_tree_greedy(
+    predicts: Any,
+    accept_index: Any,
+    accept_token_num: Any,
+    candidates: Any,
+    retrive_index: Any,
+    retrive_next_token: Any,
+    retrive_next_sibling: Any,
+    target_predict: Any,
+) -> None:
+    """sgl-kernel's `verify_tree_greedy`, in place.
+
+    Writes `predicts` (int32 `[bs*N]`: the target's token at each accepted node and at the stop
+    node, other entries untouched), `accept_index` (int32 `[bs, S+1]`: global flat indices of
+    the root and the accepted nodes, -1 after them) and `accept_token_num` (int32 `[bs]`: draft
+    tokens accepted). `candidates` and `retrive_*` are `[bs, N]`; `target_predict` holds the
+    target's argmax per node, `[bs, N]` or `[bs*N]`.
+    """
+    _core.sglang_verify_tree_greedy(
+        _host(predicts, "predicts"),
+        _host(accept_index, "accept_index"),
+        _host(accept_token_num, "accept_token_num"),
+        _host(candidates, "candidates"),
+        _host(retrive_index, "retrive_index"),
+        _host(retrive_next_token, "retrive_next_token"),
+        _host(retrive_next_sibling, "retrive_next_sibling"),
+        _host(target_predict, "target_predict").reshape(-1),
+    )

@@ -1,0 +1,410 @@
+//! EAGLE-2/3 dynamic draft trees for a batch, all bookkeeping in one place.
+//!
+//! Per request, [`DynamicTreeBuilder::start`] records the root's top-`K` children (the first
+//! frontier, depth 1); every [`DynamicTreeBuilder::expand`] takes the draft's top-`K` for each
+//! of the `K` frontier nodes (`[B, K, K]`), scores the `K²` children by cumulative log
+//! probability, and keeps the best `K` (ties to the lower pool index) as the next frontier.
+//! Each step returns what the next draft forward needs: the frontier's tokens, the index of
+//! each frontier node's parent in the previous frontier (to gather hidden states), the
+//! draft-side mask over every token fed so far (`[B, K, level·K]`: ancestors and self) and
+//! positions. [`DynamicTreeBuilder::build`] reranks the whole pool (`K + (level-1)·K²`
+//! candidates) with the top-N rule of [`crate::topology`] into a batch of `budget`-node trees.
+//! Pool layout per request, as SGLang's: step 0 is `0..K`, step `s >= 1` is
+//! `K + (s-1)·K² + j·K + c` for frontier slot `j`, rank `c`. Cost per step O(B · K² log K).
+
+use ndarray::{ArrayView1, ArrayView2, ArrayView3};
+
+use crate::error::{Error, Result};
+use crate::topology::{rank_order, select_top, ScoreLike};
+use crate::tree::{IndexLike, TreeBatch, MAX_NODES};
+
+/// What the next draft forward needs, row-major.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Step {
+    /// `[B, K]` frontier tokens (the draft's next input ids).
+    pub tokens: Vec<i64>,
+    /// `[B, K]` slot of each frontier node's parent in the previous frontier (0 at start).
+    pub parent_index: Vec<i64>,
+    /// `[B, K, level·K]`: frontier node `j` may attend to fed token `t` (ancestor or self).
+    pub mask: Vec<bool>,
+    /// `[B, K]`: prefix length + depth.
+    pub positions: Vec<i64>,
+    /// Columns of `mask` (`level · K`).
+    pub width: usize,
+}
+
+/// Batched EAGLE-2 drafting state.
+#[derive(Debug, Clone)]
+pub struct DynamicTreeBuilder {
+    batch: usize,
+    topk: usize,
+    depth: usize,
+    budget: usize,
+    pool: usize,
+    /// Levels drafted so far (0 before `start`).
+    level: usize,
+    root_tokens: Vec<i64>,
+    prefix: Vec<i64>,
+    /// `[B, pool]` cumulative log score, token and parent pool index (-1 = root).
+    scores: Vec<f64>,
+    tokens: Vec<i64>,
+    parents: Vec<i32>,
+    /// `[B, K]` pool index of each frontier slot.
+    frontier: Vec<u32>,
+    /// `[B, K, level·K]` draft mask rows of the frontier.
+    rows: Vec<bool>,
+}
+
+impl DynamicTreeBuilder {
+    pub fn new(batch: usize, topk: usize, depth: usize, budget: usize) -> Result<Self> {
+        if batch < 1 {
+            return Err(Error::value("batch", format!("must be >= 1, got {batch}")));
+        }
+        if topk < 1 {
+            return Err(Error::value("topk", format!("must be >= 1, got {topk}")));
+        }
+        if depth < 1 {
+            return Err(Error::value("depth", format!("must be >= 1, got {depth}")));
+        }
+        let pool = topk
+            .checked_mul(topk)
+            .and_then(|k2| k2.checked_mul(depth - 1))
+            .and_then(|x| x.checked_add(topk))
+            .filter(|&p| p < u32::MAX as usize && p.saturating_mul(batch) < (1 << 31))
+            .ok_or_else(|| Error::value("topk", "topk and depth give a pool too large"))?;
+        if !(1..=MAX_NODES).contains(&budget) {
+            return Err(Error::value(
+                "budget",
+                format!("must be in [1, {MAX_NODES}], got {budget}"),
+            ));
+        }
+        if budget - 1 > pool {
+            return Err(Error::value(
+                "budget",
+                format!(
+                    "{budget} nodes need {} candidates but topk={topk}, depth={depth} draft only \
+                     {pool}",
+                    budget - 1
+                ),
+            ));
+        }
+        Ok(DynamicTreeBuilder {
+            batch,
+            topk,
+            depth,
+            budget,
+            pool,
+            level: 0,
+            root_tokens: vec![0; batch],
+            prefix: vec![0; batch],
+            scores: vec![0.0; batch * pool],
+            tokens: vec![0; batch * pool],
+            parents: vec![-1; batch * pool],
+            frontier: vec![0; batch * topk],
+            rows: Vec::new(),
+        })
+    }
+
+    pub fn batch(&self) -> usize {
+        self.batch
+    }
+    pub fn topk(&self) -> usize {
+        self.topk
+    }
+    pub fn depth(&self) -> usize {
+        self.depth
+    }
+    pub fn budget(&self) -> usize {
+        self.budget
+    }
+    /// Levels drafted so far.
+    pub fn level(&self) -> usize {
+        self.level
+    }
+    /// Candidates drafted so far per request.
+    pub fn pool_len(&self) -> usize {
+        match self.level {
+            0 => 0,
+            l => self.topk + (l - 1) * self.topk * self.topk,
+        }
+    }
+
+    /// `lp` must be a log probability; `at` spells the index, only when it is not.
+    fn check_logprob(lp: f64, arg: &'static str, at: impl FnOnce() -> String) -> Result<()> {
+        if lp.is_nan() || lp > 0.0 {
+            return Err(Error::value(
+                arg,
+                format!(
+                    "{arg}{} = {lp}: log probabilities must be <= 0 and not NaN",
+                    at()
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Starts a new tree per request (resets any previous state).
+    pub fn start<R: IndexLike, T: IndexLike, S: ScoreLike>(
+        &mut self,
+        root_tokens: ArrayView1<'_, R>,
+        topk_tokens: ArrayView2<'_, T>,
+        topk_logprobs: ArrayView2<'_, S>,
+        prefix_lens: &[i64],
+    ) -> Result<Step> {
+        let (b, k) = (self.batch, self.topk);
+        if root_tokens.len() != b {
+            return Err(Error::value(
+                "root_tokens",
+                format!("expected {b} entries, got {}", root_tokens.len()),
+            ));
+        }
+        for (name, d) in [
+            ("topk_tokens", topk_tokens.dim()),
+            ("topk_logprobs", topk_logprobs.dim()),
+        ] {
+            if d != (b, k) {
+                return Err(Error::value(
+                    name,
+                    format!("expected shape ({b}, {k}), got {d:?}"),
+                ));
+            }
+        }
+        if prefix_lens.len() != b {
+            return Err(Error::value(
+                "prefix_lens",
+                format!("expected {b} entries, got {}", prefix_lens.len()),
+            ));
+        }
+        for (i, &p) in prefix_lens.iter().enumerate() {
+            if p < 0 {
+                return Err(Error::value(
+                    "prefix_lens",
+                    format!("prefix_lens[{i}] = {p}, expected >= 0"),
+                ));
+            }
+        }
+        for r in 0..b {
+            for c in 0..k {
+                let lp = topk_logprobs[(r, c)].to_f64();
+                Self::check_logprob(lp, "topk_logprobs", || format!("[{r}, {c}]"))?;
+            }
+        }
+        for r in 0..b {
+            self.root_tokens[r] = root_tokens[r].to_i64();
+            self.prefix[r] = prefix_lens[r];
+            let base = r * self.pool;
+            for c in 0..k {
+                self.scores[base + c] = topk_logprobs[(r, c)].to_f64();
+                self.tokens[base + c] = topk_tokens[(r, c)].to_i64();
+                self.parents[base + c] = -1;
+                self.frontier[r * k + c] = c as u32;
+            }
+        }
+        self.level = 1;
+        // Each depth-1 node sees only itself among the fed tokens.
+        self.rows = vec![false; b * k * k];
+        for r in 0..b {
+            for j in 0..k {
+                self.rows[(r * k + j) * k + j] = true;
+            }
+        }
+        Ok(self.step(vec![0; b * k]))
+    }
+
+    fn step(&self, parent_index: Vec<i64>) -> Step {
+        let (b, k) = (self.batch, self.topk);
+        let mut tokens = Vec::with_capacity(b * k);
+        let mut positions = Vec::with_capacity(b * k);
+        for r in 0..b {
+            for j in 0..k {
+                tokens.push(self.tokens[r * self.pool + self.frontier[r * k + j] as usize]);
+                positions.push(self.prefix[r] + self.level as i64);
+            }
+        }
+        Step {
+            tokens,
+            parent_index,
+            mask: self.rows.clone(),
+            positions,
+            width: self.level * k,
+        }
+    }
+
+    /// One draft step: the draft's top-`K` (`[B, K, K]`) for each frontier slot.
+    pub fn expand<T: IndexLike, S: ScoreLike>(
+        &mut self,
+        topk_tokens: ArrayView3<'_, T>,
+        topk_logprobs: ArrayView3<'_, S>,
+    ) -> Result<Step> {
+        let (b, k) = (self.batch, self.topk);
+        if self.level == 0 {
+            return Err(Error::value("expand", "call start() before expand()"));
+        }
+        if self.level >= self.depth {
+            return Err(Error::value(
+                "expand",
+                format!(
+                    "the tree already has depth {} (the builder's depth)",
+                    self.depth
+                ),
+            ));
+        }
+        for (name, d) in [
+            ("topk_tokens", topk_tokens.dim()),
+            ("topk_logprobs", topk_logprobs.dim()),
+        ] {
+            if d != (b, k, k) {
+                return Err(Error::value(
+                    name,
+                    format!("expected shape ({b}, {k}, {k}), got {d:?}"),
+                ));
+            }
+        }
+        for ((r, j, c), &lp) in topk_logprobs.indexed_iter() {
+            Self::check_logprob(lp.to_f64(), "topk_logprobs", || format!("[{r}, {j}, {c}]"))?;
+        }
+        let base_step = k + (self.level - 1) * k * k;
+        let old_w = self.level * k;
+        let new_w = old_w + k;
+        let mut rows = vec![false; b * k * new_w];
+        let mut parent_index = vec![0i64; b * k];
+        let mut keys: Vec<(f64, u32, u32)> = Vec::with_capacity(k * k);
+        for r in 0..b {
+            let base = r * self.pool;
+            keys.clear();
+            for j in 0..k {
+                let f = self.frontier[r * k + j] as usize;
+                let fs = self.scores[base + f];
+                for c in 0..k {
+                    let g = base_step + j * k + c;
+                    let s = fs + topk_logprobs[(r, j, c)].to_f64();
+                    self.scores[base + g] = s;
+                    self.tokens[base + g] = topk_tokens[(r, j, c)].to_i64();
+                    self.parents[base + g] = f as i32;
+                    keys.push((s, 0, g as u32));
+                }
+            }
+            // The next frontier in rank order (best first), like the draft's own top-k.
+            if k < keys.len() {
+                keys.select_nth_unstable_by(k - 1, |a, b| rank_order(*a, *b));
+            }
+            keys[..k].sort_unstable_by(|a, b| rank_order(*a, *b));
+            for (j, key) in keys[..k].iter().enumerate() {
+                let g = key.2 as usize;
+                let slot = (g - base_step) / k;
+                parent_index[r * k + j] = slot as i64;
+                self.frontier[r * k + j] = g as u32;
+                let src = &self.rows[(r * k + slot) * old_w..(r * k + slot + 1) * old_w];
+                let dst = &mut rows[(r * k + j) * new_w..(r * k + j + 1) * new_w];
+                dst[..old_w].copy_from_slice(src);
+                dst[old_w + j] = true;
+            }
+        }
+        self.rows = rows;
+        self.level += 1;
+        Ok(self.step(parent_index))
+    }
+
+    /// Reranks every drafted candidate: per request the best `budget - 1` by cumulative score
+    /// (then shallower, then pool index) as a tree in pool order. Returns the batch and the
+    /// pool index of every draft node (`[B, budget - 1]`).
+    pub fn build(&self) -> Result<(TreeBatch, Vec<i64>)> {
+        if self.level == 0 {
+            return Err(Error::value("build", "call start() before build()"));
+        }
+        let m = self.pool_len();
+        let n = self.budget;
+        if n - 1 > m {
+            return Err(Error::value(
+                "budget",
+                format!(
+                    "{n} nodes need {} candidates but only {m} were drafted so far",
+                    n - 1
+                ),
+            ));
+        }
+        let b = self.batch;
+        let mut parents = Vec::with_capacity(b * n);
+        let mut tokens = Vec::with_capacity(b * n);
+        let mut pool_index = Vec::with_capacity(b * (n - 1));
+        let mut keys: Vec<(f64, u32, u32)> = Vec::with_capacity(m);
+        let mut chosen = Vec::with_capacity(n - 1);
+        let mut node_of = vec![0i32; m];
+        for r in 0..b {
+            let base = r * self.pool;
+            keys.clear();
+            // Pool index grows with depth, so it breaks ties towards the shallower node.
+            keys.extend((0..m).map(|g| (self.scores[base + g], 0, g as u32)));
+            select_top(&mut keys, n - 1, &mut chosen);
+            parents.push(-1i32);
+            tokens.push(self.root_tokens[r]);
+            for (i, &g) in chosen.iter().enumerate() {
+                let g = g as usize;
+                node_of[g] = i as i32 + 1;
+                let p = self.parents[base + g];
+                parents.push(if p < 0 { 0 } else { node_of[p as usize] });
+                tokens.push(self.tokens[base + g]);
+                pool_index.push(g as i64);
+            }
+        }
+        let offsets: Vec<i64> = (0..=b as i64).map(|i| i * n as i64).collect();
+        let batch = TreeBatch::from_views(
+            ArrayView1::from(&parents),
+            ArrayView1::from(&tokens),
+            ArrayView1::from(&offsets),
+        )?;
+        Ok((batch, pool_index))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ndarray::{Array2, Array3};
+
+    #[test]
+    fn drafts_two_levels_and_reranks() {
+        let mut d = DynamicTreeBuilder::new(1, 2, 3, 4).unwrap();
+        let roots = [9i64];
+        let tok = Array2::from_shape_vec((1, 2), vec![10i64, 11]).unwrap();
+        let lp = Array2::from_shape_vec((1, 2), vec![-0.1f64, -1.0]).unwrap();
+        let s = d
+            .start(ArrayView1::from(&roots), tok.view(), lp.view(), &[5])
+            .unwrap();
+        assert_eq!(s.tokens, [10, 11]);
+        assert_eq!(s.positions, [6, 6]);
+        assert_eq!(s.mask, [true, false, false, true]);
+        // Children of 10: 20 (-0.2), 21 (-3); of 11: 22 (-0.05), 23 (-2).
+        let tok = Array3::from_shape_vec((1, 2, 2), vec![20i64, 21, 22, 23]).unwrap();
+        let lp = Array3::from_shape_vec((1, 2, 2), vec![-0.2f64, -3.0, -0.05, -2.0]).unwrap();
+        let s = d.expand(tok.view(), lp.view()).unwrap();
+        // Scores: 20: -0.3, 21: -3.1, 22: -1.05, 23: -3.0 -> frontier [20, 22].
+        assert_eq!(s.tokens, [20, 22]);
+        assert_eq!(s.parent_index, [0, 1]);
+        assert_eq!(s.width, 4);
+        assert_eq!(s.mask, [true, false, true, false, false, true, false, true]);
+        assert_eq!(s.positions, [7, 7]);
+        let (batch, idx) = d.build().unwrap();
+        // Best 3: 10 (-0.1), 20 (-0.3), 11 (-1.0); pool indices 0, 1, 2.
+        assert_eq!(idx, [0, 1, 2]);
+        assert_eq!(batch.parents(), &[-1, 0, 0, 1]);
+        assert_eq!(batch.tokens(), &[9, 10, 11, 20]);
+        let e = d.expand(tok.view(), lp.view());
+        assert!(e.is_ok());
+        assert!(d.expand(tok.view(), lp.view()).is_err());
+    }
+
+    #[test]
+    fn rejects_bad_settings_and_logprobs() {
+        assert!(DynamicTreeBuilder::new(1, 0, 3, 2).is_err());
+        assert!(DynamicTreeBuilder::new(1, 2, 0, 2).is_err());
+        assert!(DynamicTreeBuilder::new(1, 2, 1, 4).is_err());
+        let mut d = DynamicTreeBuilder::new(1, 2, 2, 2).unwrap();
+        let tok = Array2::from_shape_vec((1, 2), vec![1i64, 2]).unwrap();
+        let lp = Array2::from_shape_vec((1, 2), vec![0.5f64, -1.0]).unwrap();
+        let e = d
+            .start(ArrayView1::from(&[0i64]), tok.view(), lp.view(), &[0])
+            .unwrap_err();
+        assert!(e.to_string().contains("[0, 0]"), "{e}");
+    }
+}

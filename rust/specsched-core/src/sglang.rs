@@ -1,0 +1,647 @@
+//! SGLang's EAGLE tree kernels, with their exact input and output contracts.
+//!
+//! SGLang drafts `S` steps of top-`K` per request into a pool of `K + (S-1)·K²` scored
+//! candidates; candidate `g`'s parent is the candidate `parent_list[g / K]` (slot 0 is the
+//! root). [`organize_draft_results`] keeps the best `N - 1` candidates (sorted by pool index, so
+//! parents come first) and [`build_tree`] turns that selection into the verify-side layouts:
+//! tree mask (FULL, QLEN_ONLY or QLEN_ONLY_BITPACKING), positions, `retrive_index` and the
+//! first-child / next-sibling lists. [`verify_tree_greedy`] is the greedy walk over those
+//! lists, writing SGLang's `predicts`, `accept_index` and `accept_token_num`. Unlike the CUDA
+//! kernels, a selection that is not a tree (SGLang's "invalid eagle tree") or an index outside
+//! its array is an error naming the request and node, never a skipped node or a stray read.
+//! Cost: O(M + N log N) per request to organize, O(N · row) to build, O(S · N) to verify.
+
+use ndarray::{ArrayView1, ArrayView2};
+
+use crate::error::{Error, Result};
+use crate::topology::{select_top, ScoreLike};
+use crate::tree::IndexLike;
+
+/// SGLang's `TreeMaskMode`, with the output buffer it fills.
+pub enum MaskOut<'a> {
+    /// FULL_MASK: per request, `N` rows of `seq_len + N` bools (prefix all True), concatenated.
+    Full(&'a mut [bool]),
+    /// QLEN_ONLY: `[bs, N, N]` bools.
+    Qlen(&'a mut [bool]),
+    /// QLEN_ONLY_BITPACKING: one word per row, bit `j` set iff node `j` is self or ancestor.
+    Packed8(&'a mut [u8]),
+    Packed16(&'a mut [u16]),
+    Packed32(&'a mut [u32]),
+}
+
+/// Width in bytes of a QLEN_ONLY_BITPACKING word for `n` draft tokens (1, 2 or 4), as SGLang
+/// picks its dtype: `[uint8, uint16, uint32][ceil(log2((n + 7) / 8))]`.
+pub fn packed_word_bytes(n: usize) -> Result<usize> {
+    match n.div_ceil(8) {
+        0 | 1 => Ok(1),
+        2 => Ok(2),
+        3 | 4 => Ok(4),
+        _ => Err(Error::value(
+            "num_verify_tokens",
+            format!("{n} draft tokens do not fit a bit-packed mask row (at most 32)"),
+        )),
+    }
+}
+
+/// Pool size of SGLang's drafting: `K` root children, then `K²` per later step.
+pub fn pool_size(topk: usize, steps: usize) -> usize {
+    topk + steps.saturating_sub(1) * topk * topk
+}
+
+fn check_shape(topk: usize, steps: usize, n: usize) -> Result<()> {
+    if topk < 1 {
+        return Err(Error::value("topk", format!("must be >= 1, got {topk}")));
+    }
+    if steps < 1 {
+        return Err(Error::value(
+            "spec_steps",
+            format!("must be >= 1, got {steps}"),
+        ));
+    }
+    if n < 1 {
+        return Err(Error::value(
+            "num_verify_tokens",
+            "must be >= 1 (the root counts as one token)",
+        ));
+    }
+    let pool = pool_size(topk, steps);
+    if n - 1 > pool {
+        return Err(Error::value(
+            "num_verify_tokens",
+            format!(
+                "{n} tokens need {} candidates but topk={topk}, spec_steps={steps} draft only {pool}",
+                n - 1
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// `organize_draft_results`: for each request, the `N - 1` best candidates of `scores`
+/// (`[bs, M]`, higher first, ties to the lower pool index), sorted by pool index, and their
+/// tokens gathered from `tokens` (`[bs, M]`). Writes `top_index` and `draft_tokens`, both
+/// `[bs, N - 1]` row-major.
+pub fn organize_draft_results<S: ScoreLike, T: IndexLike>(
+    scores: ArrayView2<'_, S>,
+    tokens: ArrayView2<'_, T>,
+    num_draft_token: usize,
+    top_index: &mut [i64],
+    draft_tokens: &mut [i64],
+) -> Result<()> {
+    let (bs, m) = scores.dim();
+    if tokens.dim() != (bs, m) {
+        return Err(Error::value(
+            "token_list",
+            format!(
+                "concatenates to shape {:?} but score_list to {:?}",
+                tokens.dim(),
+                (bs, m)
+            ),
+        ));
+    }
+    if num_draft_token < 1 {
+        return Err(Error::value(
+            "num_draft_token",
+            "must be >= 1 (the root counts as one token)",
+        ));
+    }
+    let k = num_draft_token - 1;
+    if k > m {
+        return Err(Error::value(
+            "num_draft_token",
+            format!("{num_draft_token} tokens need {k} candidates but the pool has {m}"),
+        ));
+    }
+    if m >= u32::MAX as usize {
+        return Err(Error::value("score_list", "pool too large"));
+    }
+    if top_index.len() != bs * k || draft_tokens.len() != bs * k {
+        return Err(Error::value(
+            "out",
+            format!("output buffers must hold {} entries", bs * k),
+        ));
+    }
+    let mut keys: Vec<(f64, u32, u32)> = Vec::with_capacity(m);
+    let mut chosen = Vec::with_capacity(k);
+    for b in 0..bs {
+        keys.clear();
+        for g in 0..m {
+            let s = scores[(b, g)].to_f64();
+            if s.is_nan() {
+                return Err(Error::value(
+                    "score_list",
+                    format!("request {b}, candidate {g}: score is NaN (invalid draft output)"),
+                ));
+            }
+            // Pool index grows with the draft step, so it also breaks ties towards the
+            // shallower candidate: the depth field can stay 0.
+            keys.push((s, 0, g as u32));
+        }
+        select_top(&mut keys, k, &mut chosen);
+        for (j, &g) in chosen.iter().enumerate() {
+            top_index[b * k + j] = g as i64;
+            draft_tokens[b * k + j] = tokens[(b, g as usize)].to_i64();
+        }
+    }
+    Ok(())
+}
+
+/// Outputs of [`build_tree`]; all `[bs, N]` row-major except the mask.
+pub struct BuildOut<'a> {
+    pub tree_mask: MaskOut<'a>,
+    pub positions: &'a mut [i64],
+    pub retrive_index: &'a mut [i64],
+    pub retrive_next_token: &'a mut [i64],
+    pub retrive_next_sibling: &'a mut [i64],
+}
+
+/// Total length of the FULL mask: `sum(seq_lens) · N + bs · N²`.
+pub fn full_mask_len(seq_lens: &[usize], n: usize) -> usize {
+    seq_lens.iter().map(|&s| s * n).sum::<usize>() + seq_lens.len() * n * n
+}
+
+/// Checked `seq_lens` (`>= 0`).
+pub fn check_seq_lens(seq_lens: ArrayView1<'_, i64>) -> Result<Vec<usize>> {
+    seq_lens
+        .iter()
+        .enumerate()
+        .map(|(b, &s)| {
+            usize::try_from(s).map_err(|_| {
+                Error::value("seq_lens", format!("seq_lens[{b}] = {s}, expected >= 0"))
+            })
+        })
+        .collect()
+}
+
+/// `build_tree_kernel_efficient` (sgl-kernel `build_tree_efficient`): the tree of each request
+/// from `parent_list` (`[bs, W]`) and the sorted selection `selected_index` (`[bs, N - 1]`).
+/// Node 0 is the root (the verified token); node `i >= 1` is candidate `selected_index[b, i-1]`.
+pub fn build_tree(
+    parent_list: ArrayView2<'_, i64>,
+    selected_index: ArrayView2<'_, i64>,
+    seq_lens: &[usize],
+    topk: usize,
+    steps: usize,
+    n: usize,
+    out: BuildOut<'_>,
+) -> Result<()> {
+    check_shape(topk, steps, n)?;
+    let bs = seq_lens.len();
+    if selected_index.dim() != (bs, n - 1) {
+        return Err(Error::value(
+            "top_scores_index",
+            format!(
+                "expected shape ({bs}, {}), got {:?}",
+                n - 1,
+                selected_index.dim()
+            ),
+        ));
+    }
+    if parent_list.nrows() != bs {
+        return Err(Error::value(
+            "parent_list",
+            format!("expected {bs} rows, got {}", parent_list.nrows()),
+        ));
+    }
+    let total = bs * n;
+    for (name, len) in [
+        ("positions", out.positions.len()),
+        ("retrive_index", out.retrive_index.len()),
+        ("retrive_next_token", out.retrive_next_token.len()),
+        ("retrive_next_sibling", out.retrive_next_sibling.len()),
+    ] {
+        if len != total {
+            return Err(Error::value(
+                name,
+                format!("expected {total} entries, got {len}"),
+            ));
+        }
+    }
+    let mask_len = match &out.tree_mask {
+        MaskOut::Full(m) => (m.len(), full_mask_len(seq_lens, n)),
+        MaskOut::Qlen(m) => (m.len(), bs * n * n),
+        MaskOut::Packed8(m) => (m.len(), total),
+        MaskOut::Packed16(m) => (m.len(), total),
+        MaskOut::Packed32(m) => (m.len(), total),
+    };
+    if mask_len.0 != mask_len.1 {
+        return Err(Error::value(
+            "tree_mask",
+            format!("expected {} entries, got {}", mask_len.1, mask_len.0),
+        ));
+    }
+    let pool = pool_size(topk, steps) as i64;
+    let width = parent_list.ncols();
+    let BuildOut {
+        mut tree_mask,
+        positions,
+        retrive_index,
+        retrive_next_token,
+        retrive_next_sibling,
+    } = out;
+    let mut parent = vec![0usize; n];
+    let mut depth = vec![0i64; n];
+    let mut full_base = 0usize;
+    // Rows as plain slices (copied once when the caller's rows are strided): ndarray slicing
+    // per node costs more than the search itself.
+    let mut sel_buf = vec![0i64; n - 1];
+    let mut pl_buf = vec![0i64; width];
+    // node_of[g] = node index of pool candidate g, valid when stamp[g] == b + 1: an O(1)
+    // parent lookup with no per-request reset.
+    let mut node_of = vec![0u32; pool as usize];
+    let mut stamp = vec![0u32; pool as usize];
+    for (b, &seq_len) in seq_lens.iter().enumerate() {
+        let sel_row = selected_index.row(b);
+        let sel: &[i64] = match sel_row.as_slice() {
+            Some(s) => s,
+            None => {
+                sel_buf
+                    .iter_mut()
+                    .zip(sel_row.iter())
+                    .for_each(|(d, &x)| *d = x);
+                &sel_buf
+            }
+        };
+        let pl_row = parent_list.row(b);
+        let pl: &[i64] = match pl_row.as_slice() {
+            Some(s) => s,
+            None => {
+                pl_buf
+                    .iter_mut()
+                    .zip(pl_row.iter())
+                    .for_each(|(d, &x)| *d = x);
+                &pl_buf
+            }
+        };
+        for i in 1..n {
+            let g = sel[i - 1];
+            if g < 0 || g >= pool {
+                return Err(Error::index(
+                    "top_scores_index",
+                    format!("request {b}, node {i}: candidate {g} is outside the pool [0, {pool})"),
+                ));
+            }
+            if i >= 2 && g <= sel[i - 2] {
+                return Err(Error::value(
+                    "top_scores_index",
+                    format!(
+                        "request {b}, node {i}: candidate {g} does not follow {} (the selection \
+                         must be sorted and without repeats)",
+                        sel[i - 2]
+                    ),
+                ));
+            }
+            let tb = (g as usize) / topk;
+            let p = if tb == 0 {
+                0
+            } else {
+                if tb >= width {
+                    return Err(Error::index(
+                        "parent_list",
+                        format!(
+                            "request {b}, node {i}: candidate {g} needs parent_list[{b}, {tb}] \
+                             but parent_list has {width} columns"
+                        ),
+                    ));
+                }
+                let pg = pl[tb];
+                // Candidates are stamped as they are placed, so a parent that is selected
+                // before node i is found in O(1); anything else is not a tree.
+                match usize::try_from(pg) {
+                    Ok(q) if q < stamp.len() && stamp[q] == b as u32 + 1 => node_of[q] as usize,
+                    _ => {
+                        return Err(Error::value(
+                            "top_scores_index",
+                            format!(
+                                "invalid eagle tree: request {b}, node {i} (candidate {g}) has \
+                                 parent candidate {pg}, which is not selected before it"
+                            ),
+                        ))
+                    }
+                }
+            };
+            parent[i] = p;
+            depth[i] = depth[p] + 1;
+            stamp[g as usize] = b as u32 + 1;
+            node_of[g as usize] = i as u32;
+        }
+        let row0 = b * n;
+        let s = seq_len as i64;
+        retrive_next_token[row0..row0 + n].fill(-1);
+        retrive_next_sibling[row0..row0 + n].fill(-1);
+        for i in 0..n {
+            positions[row0 + i] = s + depth[i];
+            retrive_index[row0 + i] = (row0 + i) as i64;
+        }
+        for i in (1..n).rev() {
+            let p = row0 + parent[i];
+            retrive_next_sibling[row0 + i] = retrive_next_token[p];
+            retrive_next_token[p] = i as i64;
+        }
+        match &mut tree_mask {
+            MaskOut::Full(m) => {
+                let cols = seq_len + n;
+                let seg = &mut m[full_base..full_base + n * cols];
+                fill_rows(seg, cols, seq_len, &parent);
+                full_base += n * cols;
+            }
+            MaskOut::Qlen(m) => fill_rows(&mut m[row0 * n..(row0 + n) * n], n, 0, &parent),
+            MaskOut::Packed8(m) => fill_words(&mut m[row0..row0 + n], &parent, |i| 1u8 << i),
+            MaskOut::Packed16(m) => fill_words(&mut m[row0..row0 + n], &parent, |i| 1u16 << i),
+            MaskOut::Packed32(m) => fill_words(&mut m[row0..row0 + n], &parent, |i| 1u32 << i),
+        }
+    }
+    Ok(())
+}
+
+/// Dense rows of `cols` bools: `prefix` leading Trues, then the tree part. A row's tree part is
+/// its parent's (complete: parents come first) plus its own bit, copied in fixed 32-byte blocks
+/// that compile to vector moves (a runtime-length copy per row costs a library call).
+fn fill_rows(seg: &mut [bool], cols: usize, prefix: usize, parent: &[usize]) {
+    let n = parent.len();
+    for (i, &p) in parent.iter().enumerate().take(n) {
+        let (done, rest) = seg.split_at_mut(i * cols);
+        let row = &mut rest[..cols];
+        let (head, tree) = row.split_at_mut(prefix);
+        if prefix > 0 {
+            head.fill(true);
+        }
+        if i == 0 {
+            tree.fill(false);
+        } else {
+            copy_blocks(tree, &done[p * cols + prefix..p * cols + cols]);
+        }
+        tree[i] = true;
+    }
+}
+
+fn copy_blocks(dst: &mut [bool], src: &[bool]) {
+    let mut d = dst.chunks_exact_mut(32);
+    let mut s = src.chunks_exact(32);
+    for (a, b) in (&mut d).zip(&mut s) {
+        if let (Ok(a), Ok(b)) = (<&mut [bool; 32]>::try_from(a), <&[bool; 32]>::try_from(b)) {
+            *a = *b;
+        }
+    }
+    let (a, b) = (d.into_remainder(), s.remainder());
+    for (x, y) in a.iter_mut().zip(b) {
+        *x = *y;
+    }
+}
+
+fn fill_words<W: Copy + std::ops::BitOr<Output = W>>(
+    rows: &mut [W],
+    parent: &[usize],
+    bit: impl Fn(usize) -> W,
+) {
+    rows[0] = bit(0);
+    for i in 1..parent.len() {
+        rows[i] = rows[parent[i]] | bit(i);
+    }
+}
+
+/// Inputs of [`verify_tree_greedy`], all `[bs, N]` except `target_predict` (`[bs · N]`).
+pub struct GreedyIn<'a> {
+    pub candidates: ArrayView2<'a, i64>,
+    pub retrive_index: ArrayView2<'a, i64>,
+    pub retrive_next_token: ArrayView2<'a, i64>,
+    pub retrive_next_sibling: ArrayView2<'a, i64>,
+    pub target_predict: ArrayView1<'a, i64>,
+}
+
+/// sgl-kernel `verify_tree_greedy`: per request, walk from the root over first-child /
+/// next-sibling lists for at most `S` levels (`S + 1` = `accept_index` width), accepting the
+/// first child whose candidate token equals the target's prediction at the last accepted node.
+/// Writes `predicts[g]` (int32, global flat index) at every accepted node and the stop node,
+/// `accept_index[b]` = global indices of the root and accepted nodes (-1 after them) and
+/// `accept_token_num[b]` = drafts accepted. `predicts` elsewhere is left as the caller set it.
+pub fn verify_tree_greedy(
+    inp: GreedyIn<'_>,
+    predicts: &mut [i32],
+    accept_index: &mut [i32],
+    accept_token_num: &mut [i32],
+) -> Result<()> {
+    let (bs, n) = inp.candidates.dim();
+    for (name, d) in [
+        ("retrive_index", inp.retrive_index.dim()),
+        ("retrive_next_token", inp.retrive_next_token.dim()),
+        ("retrive_next_sibling", inp.retrive_next_sibling.dim()),
+    ] {
+        if d != (bs, n) {
+            return Err(Error::value(
+                name,
+                format!("expected shape {:?} like candidates, got {d:?}", (bs, n)),
+            ));
+        }
+    }
+    let total = bs * n;
+    if inp.target_predict.len() != total {
+        return Err(Error::value(
+            "target_predict",
+            format!("expected {total} entries, got {}", inp.target_predict.len()),
+        ));
+    }
+    if predicts.len() != total {
+        return Err(Error::value(
+            "predicts",
+            format!("expected {total} entries, got {}", predicts.len()),
+        ));
+    }
+    if accept_token_num.len() != bs {
+        return Err(Error::value(
+            "accept_token_num",
+            format!("expected {bs} entries, got {}", accept_token_num.len()),
+        ));
+    }
+    if bs == 0 {
+        return Ok(());
+    }
+    if accept_index.is_empty() || accept_index.len() % bs != 0 {
+        return Err(Error::value(
+            "accept_index",
+            format!(
+                "expected shape ({bs}, S + 1), got {} entries",
+                accept_index.len()
+            ),
+        ));
+    }
+    let width = accept_index.len() / bs;
+    let global = |b: usize, i: usize| -> Result<usize> {
+        let g = inp.retrive_index[(b, i)];
+        if g < 0 || g >= total as i64 {
+            return Err(Error::index(
+                "retrive_index",
+                format!("retrive_index[{b}, {i}] = {g} is outside [0, {total})"),
+            ));
+        }
+        Ok(g as usize)
+    };
+    let local = |arr: &ArrayView2<'_, i64>, name: &'static str, b: usize, i: usize| {
+        let c = arr[(b, i)];
+        if c < -1 || c >= n as i64 {
+            return Err(Error::index(
+                name,
+                format!("{name}[{b}, {i}] = {c} is outside [-1, {n})"),
+            ));
+        }
+        Ok(c)
+    };
+    for b in 0..bs {
+        let row = &mut accept_index[b * width..(b + 1) * width];
+        row.fill(-1);
+        let mut last = global(b, 0)?;
+        row[0] = last as i32;
+        let mut k = 0usize;
+        let mut cur = 0i64;
+        for _ in 1..width {
+            cur = local(
+                &inp.retrive_next_token,
+                "retrive_next_token",
+                b,
+                cur as usize,
+            )?;
+            let want = inp.target_predict[last];
+            let mut hops = 0usize;
+            while cur != -1 {
+                let c = cur as usize;
+                if inp.candidates[(b, c)] == want {
+                    let g = global(b, c)?;
+                    predicts[last] = to_i32(want, b)?;
+                    k += 1;
+                    row[k] = g as i32;
+                    last = g;
+                    break;
+                }
+                hops += 1;
+                if hops > n {
+                    return Err(Error::value(
+                        "retrive_next_sibling",
+                        format!("request {b}: the sibling list from node {c} has a cycle"),
+                    ));
+                }
+                cur = local(&inp.retrive_next_sibling, "retrive_next_sibling", b, c)?;
+            }
+            if cur == -1 {
+                break;
+            }
+        }
+        accept_token_num[b] = k as i32;
+        predicts[last] = to_i32(inp.target_predict[last], b)?;
+    }
+    Ok(())
+}
+
+fn to_i32(tok: i64, b: usize) -> Result<i32> {
+    i32::try_from(tok).map_err(|_| {
+        Error::value(
+            "target_predict",
+            format!("request {b}: token {tok} does not fit SGLang's int32 predicts"),
+        )
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ndarray::Array2;
+
+    #[derive(Debug)]
+    struct Built {
+        mask: Vec<bool>,
+        positions: Vec<i64>,
+        next_token: Vec<i64>,
+        next_sibling: Vec<i64>,
+    }
+
+    fn build(
+        parent_list: &Array2<i64>,
+        sel: &Array2<i64>,
+        seq: &[usize],
+        topk: usize,
+    ) -> Result<Built> {
+        let n = sel.ncols() + 1;
+        let bs = seq.len();
+        let mut mask = vec![false; bs * n * n];
+        let mut positions = vec![0; bs * n];
+        let mut ri = vec![0; bs * n];
+        let mut nt = vec![0; bs * n];
+        let mut ns = vec![0; bs * n];
+        build_tree(
+            parent_list.view(),
+            sel.view(),
+            seq,
+            topk,
+            3,
+            n,
+            BuildOut {
+                tree_mask: MaskOut::Qlen(&mut mask),
+                positions: &mut positions,
+                retrive_index: &mut ri,
+                retrive_next_token: &mut nt,
+                retrive_next_sibling: &mut ns,
+            },
+        )?;
+        Ok(Built {
+            mask,
+            positions,
+            next_token: nt,
+            next_sibling: ns,
+        })
+    }
+
+    #[test]
+    fn builds_links_positions_and_mask() {
+        // topk 2: candidates 0, 1 under the root; 2..5 are children of parent_list[1] and
+        // parent_list[2] (candidates 0 and 1).
+        let pl = Array2::from_shape_vec((1, 3), vec![-1, 0, 1]).unwrap();
+        let sel = Array2::from_shape_vec((1, 3), vec![0, 1, 4]).unwrap();
+        let r = build(&pl, &sel, &[7], 2).unwrap();
+        assert_eq!(r.positions, [7, 8, 8, 9]);
+        assert_eq!(r.next_token, [1, -1, 3, -1]);
+        assert_eq!(r.next_sibling, [-1, 2, -1, -1]);
+        let row3: Vec<bool> = r.mask[12..16].to_vec();
+        assert_eq!(row3, [true, false, true, true]);
+    }
+
+    #[test]
+    fn rejects_an_invalid_eagle_tree_by_name() {
+        let pl = Array2::from_shape_vec((1, 3), vec![-1, 0, 1]).unwrap();
+        // Candidate 4's parent (candidate 1) is not selected.
+        let sel = Array2::from_shape_vec((1, 2), vec![0, 4]).unwrap();
+        let e = build(&pl, &sel, &[0], 2).unwrap_err();
+        assert!(e.to_string().contains("request 0, node 2"), "{e}");
+        let sel = Array2::from_shape_vec((1, 2), vec![1, 0]).unwrap();
+        assert!(build(&pl, &sel, &[0], 2).is_err());
+        let sel = Array2::from_shape_vec((1, 2), vec![0, 99]).unwrap();
+        assert!(build(&pl, &sel, &[0], 2).is_err());
+    }
+
+    #[test]
+    fn greedy_walk_matches_sglang_contract() {
+        // Tree: 0 -> {1, 2}, 2 -> {3}; tokens 1:5, 2:7, 3:9.
+        let cand = Array2::from_shape_vec((1, 4), vec![0, 5, 7, 9]).unwrap();
+        let ri = Array2::from_shape_vec((1, 4), vec![0, 1, 2, 3]).unwrap();
+        let nt = Array2::from_shape_vec((1, 4), vec![1, -1, 3, -1]).unwrap();
+        let ns = Array2::from_shape_vec((1, 4), vec![-1, 2, -1, -1]).unwrap();
+        let target = [7i64, 0, 9, 4];
+        let mut pred = vec![0; 4];
+        let mut idx = vec![0; 4];
+        let mut num = vec![0; 1];
+        verify_tree_greedy(
+            GreedyIn {
+                candidates: cand.view(),
+                retrive_index: ri.view(),
+                retrive_next_token: nt.view(),
+                retrive_next_sibling: ns.view(),
+                target_predict: ArrayView1::from(&target),
+            },
+            &mut pred,
+            &mut idx,
+            &mut num,
+        )
+        .unwrap();
+        assert_eq!(pred, [7, 0, 9, 4]);
+        assert_eq!(idx, [0, 2, 3, -1]);
+        assert_eq!(num, [2]);
+    }
+}

@@ -1,0 +1,203 @@
+//! Online acceptance statistics per (depth, sibling rank), fed with verified trees.
+//!
+//! For every node `v` the verify walk reached, each of its children of rank `r` (position among
+//! siblings) was a *trial* for (depth of the child, `r`), and the accepted child (if any) a
+//! *hit*. The target's choice at `v` does not depend on how many children `v` has, so
+//! `hits / trials` estimates Sequoia's positional acceptance `p[r]` (see [`crate::sequoia`])
+//! without bias, per depth or pooled over depths; Wilson intervals give its uncertainty.
+//! Cost: O(path length · children) per verified tree.
+
+use crate::error::{Error, Result};
+use crate::tree::TreeRef;
+
+/// Counts, grown on demand: `[depth - 1][rank]`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct AcceptanceStats {
+    trials: Vec<Vec<u64>>,
+    hits: Vec<Vec<u64>>,
+    steps: u64,
+    accepted: u64,
+}
+
+impl AcceptanceStats {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Records one verified tree: `accepted` = `0, a1, ..., ak` (root first).
+    pub fn observe(&mut self, tree: TreeRef<'_>, accepted: &[i32], which: &str) -> Result<()> {
+        if accepted.first() != Some(&0) {
+            return Err(Error::value(
+                "result",
+                format!("{which}: the accepted path must start at the root (node 0)"),
+            ));
+        }
+        let n = tree.num_nodes();
+        // Validate the whole path before counting, so a bad result leaves the stats untouched.
+        for j in 1..accepted.len() {
+            let (v, c) = (accepted[j - 1], accepted[j]);
+            if c < 0 || c as usize >= n || tree.parents[c as usize] != v {
+                return Err(Error::value(
+                    "result",
+                    format!(
+                        "{which}: accepted node {c} (step {j}) is not a child of node {v} in this \
+                         tree; pass the tree that was verified"
+                    ),
+                ));
+            }
+        }
+        for (j, &v) in accepted.iter().enumerate() {
+            let next = accepted.get(j + 1).copied();
+            let d = tree.depths[v as usize] as usize; // child depth - 1
+            for (r, c) in tree.children(v as usize).enumerate() {
+                self.grow(d, r);
+                self.trials[d][r] += 1;
+                if Some(c as i32) == next {
+                    self.hits[d][r] += 1;
+                }
+            }
+        }
+        self.steps += 1;
+        self.accepted += (accepted.len() - 1) as u64;
+        Ok(())
+    }
+
+    fn grow(&mut self, d: usize, r: usize) {
+        if self.trials.len() <= d {
+            self.trials.resize(d + 1, Vec::new());
+            self.hits.resize(d + 1, Vec::new());
+        }
+        if self.trials[d].len() <= r {
+            self.trials[d].resize(r + 1, 0);
+            self.hits[d].resize(r + 1, 0);
+        }
+    }
+
+    /// `(depths, ranks)` of the count tables.
+    pub fn shape(&self) -> (usize, usize) {
+        let ranks = self.trials.iter().map(Vec::len).max().unwrap_or(0);
+        (self.trials.len(), ranks)
+    }
+
+    fn dense(&self, t: &[Vec<u64>]) -> Vec<u64> {
+        let (d, r) = self.shape();
+        let mut out = vec![0u64; d * r];
+        for (i, row) in t.iter().enumerate() {
+            out[i * r..i * r + row.len()].copy_from_slice(row);
+        }
+        out
+    }
+
+    /// Trials `[depths, ranks]`, row-major.
+    pub fn trials(&self) -> Vec<u64> {
+        self.dense(&self.trials)
+    }
+
+    /// Hits `[depths, ranks]`, row-major.
+    pub fn hits(&self) -> Vec<u64> {
+        self.dense(&self.hits)
+    }
+
+    pub fn steps(&self) -> u64 {
+        self.steps
+    }
+
+    /// Mean accepted draft tokens per verified tree (bonus excluded).
+    pub fn mean_accepted(&self) -> f64 {
+        if self.steps == 0 {
+            0.0
+        } else {
+            self.accepted as f64 / self.steps as f64
+        }
+    }
+
+    /// Pooled `(hits, trials)` per rank.
+    pub fn pooled(&self) -> (Vec<u64>, Vec<u64>) {
+        let (_, r) = self.shape();
+        let (mut h, mut t) = (vec![0u64; r], vec![0u64; r]);
+        for (th, tt) in self.hits.iter().zip(&self.trials) {
+            for i in 0..tt.len() {
+                h[i] += th[i];
+                t[i] += tt[i];
+            }
+        }
+        (h, t)
+    }
+
+    /// Fitted `p[r]` pooled over depths (0 for a rank never tried).
+    pub fn accept_probs(&self) -> Vec<f64> {
+        let (h, t) = self.pooled();
+        h.iter()
+            .zip(&t)
+            .map(|(&h, &t)| if t == 0 { 0.0 } else { h as f64 / t as f64 })
+            .collect()
+    }
+
+    /// Wilson score interval of each pooled `p[r]` at normal quantile `z` (`[0, 1]` for a rank
+    /// never tried).
+    pub fn confidence_interval(&self, z: f64) -> Result<(Vec<f64>, Vec<f64>)> {
+        if !z.is_finite() || z <= 0.0 {
+            return Err(Error::value("z", format!("{z}: expected a finite z > 0")));
+        }
+        let (h, t) = self.pooled();
+        let mut lo = Vec::with_capacity(h.len());
+        let mut hi = Vec::with_capacity(h.len());
+        for (&h, &t) in h.iter().zip(&t) {
+            let (a, b) = wilson(h, t, z);
+            lo.push(a);
+            hi.push(b);
+        }
+        Ok((lo, hi))
+    }
+
+    /// Adds another accumulator's counts (e.g. from another worker).
+    pub fn merge(&mut self, other: &AcceptanceStats) {
+        for (d, row) in other.trials.iter().enumerate() {
+            for (r, &x) in row.iter().enumerate() {
+                self.grow(d, r);
+                self.trials[d][r] += x;
+                self.hits[d][r] += other.hits[d][r];
+            }
+        }
+        self.steps += other.steps;
+        self.accepted += other.accepted;
+    }
+}
+
+/// Wilson score interval for `h` successes in `t` trials.
+pub fn wilson(h: u64, t: u64, z: f64) -> (f64, f64) {
+    if t == 0 {
+        return (0.0, 1.0);
+    }
+    let n = t as f64;
+    let p = h as f64 / n;
+    let z2 = z * z;
+    let denom = 1.0 + z2 / n;
+    let centre = (p + z2 / (2.0 * n)) / denom;
+    let half = z * (p * (1.0 - p) / n + z2 / (4.0 * n * n)).sqrt() / denom;
+    ((centre - half).max(0.0), (centre + half).min(1.0))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tree::Tree;
+
+    #[test]
+    fn counts_trials_and_hits_along_the_path() {
+        // 0 -> {1, 2}; 2 -> {3, 4}
+        let t = Tree::new(&[-1, 0, 0, 2, 2], &[0, 1, 2, 3, 4]).unwrap();
+        let mut s = AcceptanceStats::new();
+        s.observe(t.view(), &[0, 2, 4], "result").unwrap();
+        s.observe(t.view(), &[0], "result").unwrap();
+        assert_eq!(s.shape(), (2, 2));
+        assert_eq!(s.trials(), [2, 2, 1, 1]);
+        assert_eq!(s.hits(), [0, 1, 0, 1]);
+        assert_eq!(s.accept_probs(), [0.0, 2.0 / 3.0]);
+        assert_eq!(s.mean_accepted(), 1.0);
+        let (lo, hi) = s.confidence_interval(1.96).unwrap();
+        assert!(lo[1] < 2.0 / 3.0 && 2.0 / 3.0 < hi[1]);
+        assert!(s.observe(t.view(), &[0, 3], "result").is_err());
+        assert_eq!(s.steps(), 2);
+    }
+}

@@ -1,0 +1,284 @@
+//! Tree builders: the top-N selection, Sequoia's optimal trees and hardware-aware choice,
+//! and the batched EAGLE-2 `DynamicTreeBuilder`. Each entry point extracts its arrays,
+//! releases the GIL and calls one core function.
+
+use ndarray::ArrayView1;
+use numpy::{PyArray1, PyArrayDyn};
+use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyTuple};
+
+use specsched_core::dynamic::{DynamicTreeBuilder, Step};
+use specsched_core::{sequoia, topology};
+
+use crate::convert::{owned, type_name, IntoPyResult};
+use crate::ndconv::{f64_vec, fixed, float_array, i64_array, with_float_view};
+use crate::tree::{PyTree, PyTreeBatch};
+
+/// The best `budget - 1` candidates of a pool as a Tree, with their pool indices (int64).
+#[pyfunction]
+#[pyo3(signature = (parents, scores, budget, tokens=None, root_token=0, cumulative=true))]
+pub fn top_n_tree<'py>(
+    py: Python<'py>,
+    parents: &Bound<'py, PyAny>,
+    scores: &Bound<'py, PyAny>,
+    budget: usize,
+    tokens: Option<&Bound<'py, PyAny>>,
+    root_token: i64,
+    cumulative: bool,
+) -> PyResult<(PyTree, Bound<'py, PyArray1<i64>>)> {
+    let p = i64_array(parents, "parents", 1)?;
+    let s = float_array(scores, "scores", 1)?;
+    let pv = fixed(p.view(), "parents")?;
+    let default_tokens: Vec<i64>;
+    let t = match tokens {
+        Some(t) => Some(i64_array(t, "tokens", 1)?),
+        None => None,
+    };
+    let tv = match &t {
+        Some(t) => fixed(t.view(), "tokens")?,
+        None => {
+            // Without tokens, each node carries its pool index.
+            default_tokens = (0..pv.len() as i64).collect();
+            ArrayView1::from(&default_tokens)
+        }
+    };
+    let (tree, idx) = with_float_view!(s, sv => {
+        let sv = fixed(sv, "scores")?;
+        py.detach(|| topology::top_n(pv, sv, tv, root_token, budget, cumulative))
+    })
+    .py()?;
+    let n = idx.len();
+    let idx = owned(py, idx, &[n])?.cast_into::<PyArray1<i64>>()?;
+    Ok((PyTree { inner: tree }, idx))
+}
+
+fn choices_list<'py>(py: Python<'py>, choices: &[Vec<i64>]) -> PyResult<Bound<'py, PyAny>> {
+    let items: Vec<Bound<'py, PyTuple>> = choices
+        .iter()
+        .map(|c| PyTuple::new(py, c))
+        .collect::<PyResult<_>>()?;
+    Ok(pyo3::types::PyList::new(py, items)?.into_any())
+}
+
+/// Sequoia's optimal tree: `(choices, expected tokens per step)`.
+#[pyfunction]
+#[pyo3(signature = (accept_probs, budget, max_depth=None, method="auto"))]
+pub fn optimal_tree<'py>(
+    py: Python<'py>,
+    accept_probs: &Bound<'py, PyAny>,
+    budget: usize,
+    max_depth: Option<usize>,
+    method: &str,
+) -> PyResult<(Bound<'py, PyAny>, f64)> {
+    let p = f64_vec(accept_probs, "accept_probs")?;
+    let plan = match method {
+        "auto" => py.detach(|| sequoia::optimal_tree(&p, budget, max_depth)),
+        "dp" => py.detach(|| sequoia::optimal_tree_dp(&p, budget, max_depth)),
+        "heap" => py.detach(|| sequoia::optimal_tree_heap(&p, budget, max_depth)),
+        m => {
+            return Err(PyValueError::new_err(format!(
+                "method: expected 'auto', 'dp' or 'heap', got {m:?}"
+            )))
+        }
+    }
+    .py()?;
+    Ok((choices_list(py, &plan.choices)?, plan.expected))
+}
+
+/// `1 + Σ_{v≠root} Π accept_probs[rank]` over `tree`.
+#[pyfunction]
+pub fn expected_accept_length(
+    py: Python<'_>,
+    tree: &Bound<'_, PyAny>,
+    accept_probs: &Bound<'_, PyAny>,
+) -> PyResult<f64> {
+    let tree = tree.cast::<PyTree>().map_err(|_| {
+        PyTypeError::new_err(format!("tree: expected a Tree, got {}", type_name(tree)))
+    })?;
+    let p = f64_vec(accept_probs, "accept_probs")?;
+    let t = &tree.get().inner;
+    py.detach(|| sequoia::expected_accept_length(t.view(), &p))
+        .py()
+}
+
+/// `(choices, budget, depth, expected, time_per_token)` minimizing the time per token.
+#[pyfunction]
+pub fn choose_tree<'py>(
+    py: Python<'py>,
+    accept_probs: &Bound<'py, PyAny>,
+    t_draft: f64,
+    t_verify: &Bound<'py, PyAny>,
+    max_depth: usize,
+) -> PyResult<(Bound<'py, PyAny>, usize, usize, f64, f64)> {
+    let p = f64_vec(accept_probs, "accept_probs")?;
+    let d = t_verify.cast::<PyDict>().map_err(|_| {
+        PyTypeError::new_err(format!(
+            "t_verify: expected a dict {{budget: seconds}}, got {}",
+            type_name(t_verify)
+        ))
+    })?;
+    let mut costs = Vec::with_capacity(d.len());
+    for (k, v) in d.iter() {
+        let n: i64 = k
+            .extract()
+            .map_err(|_| PyTypeError::new_err(format!("t_verify: key {k} is not an int budget")))?;
+        let t: f64 = v
+            .extract()
+            .map_err(|_| PyTypeError::new_err(format!("t_verify[{k}]: {v} is not a number")))?;
+        let n = usize::try_from(n)
+            .map_err(|_| PyValueError::new_err(format!("t_verify: key {n} must be >= 1")))?;
+        costs.push((n, t));
+    }
+    let c = py
+        .detach(|| sequoia::choose_tree(&p, t_draft, &costs, max_depth))
+        .py()?;
+    Ok((
+        choices_list(py, &c.plan.choices)?,
+        c.budget,
+        c.depth,
+        c.plan.expected,
+        c.time_per_token,
+    ))
+}
+
+/// Batched EAGLE-2/3 drafting state: `start`, `expand` per draft step, then `build`.
+#[pyclass(module = "specsched", name = "DynamicTreeBuilder")]
+pub struct PyDynamicTreeBuilder {
+    inner: DynamicTreeBuilder,
+}
+
+type StepArrays<'py> = (
+    Bound<'py, PyArrayDyn<i64>>,
+    Bound<'py, PyArrayDyn<i64>>,
+    Bound<'py, PyArrayDyn<bool>>,
+    Bound<'py, PyArrayDyn<i64>>,
+);
+
+fn step_arrays(py: Python<'_>, b: usize, k: usize, s: Step) -> PyResult<StepArrays<'_>> {
+    Ok((
+        owned(py, s.tokens, &[b, k])?,
+        owned(py, s.parent_index, &[b, k])?,
+        owned(py, s.mask, &[b, k, s.width])?,
+        owned(py, s.positions, &[b, k])?,
+    ))
+}
+
+#[pymethods]
+impl PyDynamicTreeBuilder {
+    #[new]
+    fn new(batch: i64, topk: i64, depth: i64, budget: i64) -> PyResult<Self> {
+        let nonneg = |x: i64, arg: &str| {
+            usize::try_from(x)
+                .map_err(|_| PyValueError::new_err(format!("{arg}: must be >= 1, got {x}")))
+        };
+        Ok(PyDynamicTreeBuilder {
+            inner: DynamicTreeBuilder::new(
+                nonneg(batch, "batch")?,
+                nonneg(topk, "topk")?,
+                nonneg(depth, "depth")?,
+                nonneg(budget, "budget")?,
+            )
+            .py()?,
+        })
+    }
+
+    #[getter]
+    fn batch(&self) -> usize {
+        self.inner.batch()
+    }
+    #[getter]
+    fn topk(&self) -> usize {
+        self.inner.topk()
+    }
+    #[getter]
+    fn depth(&self) -> usize {
+        self.inner.depth()
+    }
+    #[getter]
+    fn budget(&self) -> usize {
+        self.inner.budget()
+    }
+    /// Levels drafted so far (0 before `start`).
+    #[getter]
+    fn level(&self) -> usize {
+        self.inner.level()
+    }
+
+    /// Starts a tree per request; returns `(tokens, parent_index, attention_mask, positions)`.
+    #[pyo3(signature = (root_tokens, topk_tokens, topk_logprobs, prefix_lens=None))]
+    fn start<'py>(
+        &mut self,
+        py: Python<'py>,
+        root_tokens: &Bound<'py, PyAny>,
+        topk_tokens: &Bound<'py, PyAny>,
+        topk_logprobs: &Bound<'py, PyAny>,
+        prefix_lens: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<StepArrays<'py>> {
+        let (b, k) = (self.inner.batch(), self.inner.topk());
+        let r = i64_array(root_tokens, "root_tokens", 1)?;
+        let t = i64_array(topk_tokens, "topk_tokens", 2)?;
+        let lp = float_array(topk_logprobs, "topk_logprobs", 2)?;
+        let prefix: Vec<i64> = match prefix_lens {
+            None => vec![0; b],
+            Some(p) => match p.extract::<i64>() {
+                Ok(x) => vec![x; b],
+                Err(_) => i64_array(p, "prefix_lens", 1)?
+                    .view()
+                    .iter()
+                    .copied()
+                    .collect(),
+            },
+        };
+        let (rv, tv) = (
+            fixed(r.view(), "root_tokens")?,
+            fixed(t.view(), "topk_tokens")?,
+        );
+        let inner = &mut self.inner;
+        let step = with_float_view!(lp, lv => {
+            let lv = fixed(lv, "topk_logprobs")?;
+            py.detach(|| inner.start(rv, tv, lv, &prefix))
+        })
+        .py()?;
+        step_arrays(py, b, k, step)
+    }
+
+    /// One draft step from `[B, K, K]` top-k tokens and log probabilities of the frontier.
+    fn expand<'py>(
+        &mut self,
+        py: Python<'py>,
+        topk_tokens: &Bound<'py, PyAny>,
+        topk_logprobs: &Bound<'py, PyAny>,
+    ) -> PyResult<StepArrays<'py>> {
+        let (b, k) = (self.inner.batch(), self.inner.topk());
+        let t = i64_array(topk_tokens, "topk_tokens", 3)?;
+        let lp = float_array(topk_logprobs, "topk_logprobs", 3)?;
+        let tv = fixed(t.view(), "topk_tokens")?;
+        let inner = &mut self.inner;
+        let step = with_float_view!(lp, lv => {
+            let lv = fixed(lv, "topk_logprobs")?;
+            py.detach(|| inner.expand(tv, lv))
+        })
+        .py()?;
+        step_arrays(py, b, k, step)
+    }
+
+    /// `(TreeBatch, pool_index int64 [B, budget - 1])` from every candidate drafted so far.
+    fn build<'py>(&self, py: Python<'py>) -> PyResult<(PyTreeBatch, Bound<'py, PyArrayDyn<i64>>)> {
+        let inner = &self.inner;
+        let (batch, idx) = py.detach(|| inner.build()).py()?;
+        let shape = [inner.batch(), inner.budget() - 1];
+        Ok((PyTreeBatch { inner: batch }, owned(py, idx, &shape)?))
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "DynamicTreeBuilder(batch={}, topk={}, depth={}, budget={}, level={})",
+            self.inner.batch(),
+            self.inner.topk(),
+            self.inner.depth(),
+            self.inner.budget(),
+            self.inner.level()
+        )
+    }
+}

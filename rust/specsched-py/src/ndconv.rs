@@ -1,0 +1,183 @@
+//! N-D array extraction for the tree builders: integer arrays as int64 (a view when they are
+//! int64 already, a converted copy otherwise) and float arrays as f32 / f64 views, each with a
+//! shape check whose message names the argument.
+
+use ndarray::{ArrayD, ArrayViewD, Dimension};
+use numpy::{
+    PyArrayDescrMethods, PyArrayDyn, PyArrayMethods, PyReadonlyArrayDyn, PyReadwriteArrayDyn,
+    PyUntypedArray, PyUntypedArrayMethods,
+};
+use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::prelude::*;
+
+use crate::convert::{as_ndarray, check_ndim, is_writeable};
+
+fn typed<'py, T: numpy::Element>(
+    a: &Bound<'py, PyUntypedArray>,
+    arg: &str,
+) -> PyResult<PyReadonlyArrayDyn<'py, T>> {
+    a.cast::<PyArrayDyn<T>>()
+        .map_err(|_| PyTypeError::new_err(format!("{arg}: unexpected dtype {}", a.dtype())))?
+        .try_readonly()
+        .map_err(|e| PyValueError::new_err(format!("{arg}: cannot be read: {e}")))
+}
+
+fn checked<'py>(
+    obj: &Bound<'py, PyAny>,
+    arg: &str,
+    ndim: usize,
+) -> PyResult<Bound<'py, PyUntypedArray>> {
+    let a = as_ndarray(obj, arg)?;
+    check_ndim(&a, arg, ndim)?;
+    if !a.dtype().is_native_byteorder().unwrap_or(true) {
+        return Err(PyTypeError::new_err(format!(
+            "{arg}: non-native byte order ({}) is not supported",
+            a.dtype()
+        )));
+    }
+    Ok(a)
+}
+
+/// An integer array as int64: borrowed if it is int64, converted if int32 / uint32.
+pub struct I64Array<'py> {
+    borrowed: Option<PyReadonlyArrayDyn<'py, i64>>,
+    owned: Option<ArrayD<i64>>,
+}
+
+impl I64Array<'_> {
+    pub fn view(&self) -> ArrayViewD<'_, i64> {
+        match (&self.borrowed, &self.owned) {
+            (Some(b), _) => b.as_array(),
+            (None, Some(o)) => o.view(),
+            (None, None) => unreachable!("I64Array holds one of the two"),
+        }
+    }
+}
+
+/// Extracts an `ndim`-D int32 / int64 / uint32 array.
+pub fn i64_array<'py>(obj: &Bound<'py, PyAny>, arg: &str, ndim: usize) -> PyResult<I64Array<'py>> {
+    let a = checked(obj, arg, ndim)?;
+    let dt = a.dtype();
+    match (dt.kind(), dt.itemsize()) {
+        (b'i', 8) => Ok(I64Array {
+            borrowed: Some(typed::<i64>(&a, arg)?),
+            owned: None,
+        }),
+        (b'i', 4) => Ok(I64Array {
+            borrowed: None,
+            owned: Some(typed::<i32>(&a, arg)?.as_array().mapv(i64::from)),
+        }),
+        (b'u', 4) => Ok(I64Array {
+            borrowed: None,
+            owned: Some(typed::<u32>(&a, arg)?.as_array().mapv(i64::from)),
+        }),
+        _ => Err(PyTypeError::new_err(format!(
+            "{arg}: expected an integer array of dtype int32, int64 or uint32, got {dt}"
+        ))),
+    }
+}
+
+/// A float array, f32 or f64, borrowed.
+pub enum FloatArray<'py> {
+    F32(PyReadonlyArrayDyn<'py, f32>),
+    F64(PyReadonlyArrayDyn<'py, f64>),
+}
+
+/// Runs `$body` with `$v` bound to the `ArrayViewD` of whichever float type `$arr` holds.
+macro_rules! with_float_view {
+    ($arr:expr, $v:ident => $body:expr) => {
+        match &$arr {
+            $crate::ndconv::FloatArray::F32(a) => {
+                let $v = a.as_array();
+                $body
+            }
+            $crate::ndconv::FloatArray::F64(a) => {
+                let $v = a.as_array();
+                $body
+            }
+        }
+    };
+}
+pub(crate) use with_float_view;
+
+/// Extracts an `ndim`-D float32 / float64 array.
+pub fn float_array<'py>(
+    obj: &Bound<'py, PyAny>,
+    arg: &str,
+    ndim: usize,
+) -> PyResult<FloatArray<'py>> {
+    let a = checked(obj, arg, ndim)?;
+    let dt = a.dtype();
+    match (dt.kind(), dt.itemsize()) {
+        (b'f', 4) => Ok(FloatArray::F32(typed::<f32>(&a, arg)?)),
+        (b'f', 8) => Ok(FloatArray::F64(typed::<f64>(&a, arg)?)),
+        _ => Err(PyTypeError::new_err(format!(
+            "{arg}: expected a float32 or float64 array, got {dt}"
+        ))),
+    }
+}
+
+/// A float vector as f64 values (a list or any 1-D float/int array).
+pub fn f64_vec(obj: &Bound<'_, PyAny>, arg: &str) -> PyResult<Vec<f64>> {
+    let a = checked(obj, arg, 1)?;
+    let dt = a.dtype();
+    match (dt.kind(), dt.itemsize()) {
+        (b'f', 4) => Ok(typed::<f32>(&a, arg)?
+            .as_array()
+            .iter()
+            .map(|&x| x as f64)
+            .collect()),
+        (b'f', 8) => Ok(typed::<f64>(&a, arg)?.as_array().iter().copied().collect()),
+        (b'i', _) | (b'u', _) => {
+            let np = numpy::get_array_module(obj.py())?;
+            let f = np.call_method1("asarray", (a, "float64"))?;
+            Ok(typed::<f64>(f.cast::<PyUntypedArray>()?, arg)?
+                .as_array()
+                .iter()
+                .copied()
+                .collect())
+        }
+        _ => Err(PyTypeError::new_err(format!(
+            "{arg}: expected a float array, got {dt}"
+        ))),
+    }
+}
+
+/// A writable C-contiguous output array of element type `T` and `ndim` dimensions, supplied by
+/// the caller (SGLang's in-place outputs and preallocated buffers).
+pub fn out_array<'py, T: numpy::Element>(
+    obj: &Bound<'py, PyAny>,
+    arg: &str,
+    dtype_name: &str,
+) -> PyResult<PyReadwriteArrayDyn<'py, T>> {
+    let a = obj.cast::<PyUntypedArray>().map_err(|_| {
+        PyTypeError::new_err(format!("{arg}: expected a numpy array (or a CPU tensor)"))
+    })?;
+    if !a.dtype().is_equiv_to(&numpy::dtype::<T>(obj.py())) {
+        return Err(PyTypeError::new_err(format!(
+            "{arg}: expected dtype {dtype_name}, got {}",
+            a.dtype()
+        )));
+    }
+    if !a.is_c_contiguous() {
+        return Err(PyValueError::new_err(format!(
+            "{arg}: must be C-contiguous"
+        )));
+    }
+    if !is_writeable(a) {
+        return Err(PyValueError::new_err(format!("{arg}: is read-only")));
+    }
+    a.cast::<PyArrayDyn<T>>()?
+        .try_readwrite()
+        .map_err(|e| PyValueError::new_err(format!("{arg}: cannot be written: {e}")))
+}
+
+/// A dynamic view with `D` dimensions; the rank was checked at extraction, so the error
+/// branch is only a guard.
+pub fn fixed<'a, T, D: Dimension>(
+    v: ArrayViewD<'a, T>,
+    arg: &str,
+) -> PyResult<ndarray::ArrayView<'a, T, D>> {
+    v.into_dimensionality()
+        .map_err(|e| PyValueError::new_err(format!("{arg}: {e}")))
+}

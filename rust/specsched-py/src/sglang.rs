@@ -1,0 +1,168 @@
+//! `specsched.sglang` kernels: SGLang's `organize_draft_results` selection, the
+//! `build_tree_kernel_efficient` layouts and `verify_tree_greedy`, writing into the caller's
+//! (or freshly allocated) arrays exactly as sgl-kernel's ops do.
+
+use numpy::PyArray2;
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+
+use specsched_core::sglang::{self, BuildOut, GreedyIn, MaskOut};
+
+use crate::convert::{owned, IntoPyResult};
+use crate::ndconv::{fixed, float_array, i64_array, out_array, with_float_view};
+
+type IndexPair<'py> = (Bound<'py, PyArray2<i64>>, Bound<'py, PyArray2<i64>>);
+
+/// `(top_scores_index, draft_tokens)`, both int64 `[bs, N - 1]`, from the concatenated
+/// `scores [bs, M]` and `tokens [bs, M]`.
+#[pyfunction]
+pub fn sglang_organize<'py>(
+    py: Python<'py>,
+    scores: &Bound<'py, PyAny>,
+    tokens: &Bound<'py, PyAny>,
+    num_draft_token: usize,
+) -> PyResult<IndexPair<'py>> {
+    let s = float_array(scores, "score_list", 2)?;
+    let t = i64_array(tokens, "token_list", 2)?;
+    let tv = fixed(t.view(), "token_list")?;
+    let bs = tv.nrows();
+    let k = num_draft_token.saturating_sub(1);
+    let mut idx = vec![0i64; bs * k];
+    let mut toks = vec![0i64; bs * k];
+    with_float_view!(s, sv => {
+        let sv = fixed(sv, "score_list")?;
+        py.detach(|| sglang::organize_draft_results(sv, tv, num_draft_token, &mut idx, &mut toks))
+    })
+    .py()?;
+    let idx = owned(py, idx, &[bs, k])?.cast_into::<PyArray2<i64>>()?;
+    let toks = owned(py, toks, &[bs, k])?.cast_into::<PyArray2<i64>>()?;
+    Ok((idx, toks))
+}
+
+/// Fills `tree_mask`, `positions`, `retrive_index`, `retrive_next_token` and
+/// `retrive_next_sibling` in place (mode 0 FULL, 1 QLEN_ONLY, 2 QLEN_ONLY_BITPACKING).
+#[pyfunction]
+#[allow(clippy::too_many_arguments)]
+pub fn sglang_build_tree(
+    py: Python<'_>,
+    parent_list: &Bound<'_, PyAny>,
+    selected_index: &Bound<'_, PyAny>,
+    seq_lens: &Bound<'_, PyAny>,
+    seq_lens_sum: i64,
+    tree_mask: &Bound<'_, PyAny>,
+    positions: &Bound<'_, PyAny>,
+    retrive_index: &Bound<'_, PyAny>,
+    retrive_next_token: &Bound<'_, PyAny>,
+    retrive_next_sibling: &Bound<'_, PyAny>,
+    topk: usize,
+    depth: usize,
+    num_verify_tokens: usize,
+    tree_mask_mode: u8,
+) -> PyResult<()> {
+    let pl = i64_array(parent_list, "parent_list", 2)?;
+    let sel = i64_array(selected_index, "top_scores_index", 2)?;
+    let sl = i64_array(seq_lens, "seq_lens", 1)?;
+    let seq = sglang::check_seq_lens(fixed(sl.view(), "seq_lens")?).py()?;
+    let total: usize = seq.iter().sum();
+    if usize::try_from(seq_lens_sum) != Ok(total) {
+        return Err(PyValueError::new_err(format!(
+            "seq_lens_sum: {seq_lens_sum} != sum(seq_lens) = {total}"
+        )));
+    }
+    let (plv, selv) = (
+        fixed(pl.view(), "parent_list")?,
+        fixed(sel.view(), "top_scores_index")?,
+    );
+    let mut pos = out_array::<i64>(positions, "positions", "int64")?;
+    let mut ri = out_array::<i64>(retrive_index, "retrive_index", "int64")?;
+    let mut nt = out_array::<i64>(retrive_next_token, "retrive_next_token", "int64")?;
+    let mut ns = out_array::<i64>(retrive_next_sibling, "retrive_next_sibling", "int64")?;
+    let (pos, ri, nt, ns) = (
+        pos.as_slice_mut()?,
+        ri.as_slice_mut()?,
+        nt.as_slice_mut()?,
+        ns.as_slice_mut()?,
+    );
+    let mut run = |mask: MaskOut<'_>| {
+        let out = BuildOut {
+            tree_mask: mask,
+            positions: pos,
+            retrive_index: ri,
+            retrive_next_token: nt,
+            retrive_next_sibling: ns,
+        };
+        py.detach(|| sglang::build_tree(plv, selv, &seq, topk, depth, num_verify_tokens, out))
+            .py()
+    };
+    match tree_mask_mode {
+        0 | 1 => {
+            let mut m = out_array::<bool>(tree_mask, "tree_mask", "bool")?;
+            let m = m.as_slice_mut()?;
+            run(if tree_mask_mode == 0 {
+                MaskOut::Full(m)
+            } else {
+                MaskOut::Qlen(m)
+            })
+        }
+        2 => match sglang::packed_word_bytes(num_verify_tokens).py()? {
+            1 => run(MaskOut::Packed8(
+                out_array::<u8>(tree_mask, "tree_mask", "uint8")?.as_slice_mut()?,
+            )),
+            2 => run(MaskOut::Packed16(
+                out_array::<u16>(tree_mask, "tree_mask", "uint16")?.as_slice_mut()?,
+            )),
+            _ => run(MaskOut::Packed32(
+                out_array::<u32>(tree_mask, "tree_mask", "uint32")?.as_slice_mut()?,
+            )),
+        },
+        m => Err(PyValueError::new_err(format!(
+            "tree_mask_mode: expected 0 (FULL_MASK), 1 (QLEN_ONLY) or 2 (QLEN_ONLY_BITPACKING), got {m}"
+        ))),
+    }
+}
+
+/// sgl-kernel `verify_tree_greedy`: writes `predicts`, `accept_index`, `accept_token_num`.
+#[pyfunction]
+#[allow(clippy::too_many_arguments)]
+pub fn sglang_verify_tree_greedy(
+    py: Python<'_>,
+    predicts: &Bound<'_, PyAny>,
+    accept_index: &Bound<'_, PyAny>,
+    accept_token_num: &Bound<'_, PyAny>,
+    candidates: &Bound<'_, PyAny>,
+    retrive_index: &Bound<'_, PyAny>,
+    retrive_next_token: &Bound<'_, PyAny>,
+    retrive_next_sibling: &Bound<'_, PyAny>,
+    target_predict: &Bound<'_, PyAny>,
+) -> PyResult<()> {
+    let c = i64_array(candidates, "candidates", 2)?;
+    let ri = i64_array(retrive_index, "retrive_index", 2)?;
+    let nt = i64_array(retrive_next_token, "retrive_next_token", 2)?;
+    let ns = i64_array(retrive_next_sibling, "retrive_next_sibling", 2)?;
+    let tp = i64_array(target_predict, "target_predict", 1)?;
+    let inp = GreedyIn {
+        candidates: fixed(c.view(), "candidates")?,
+        retrive_index: fixed(ri.view(), "retrive_index")?,
+        retrive_next_token: fixed(nt.view(), "retrive_next_token")?,
+        retrive_next_sibling: fixed(ns.view(), "retrive_next_sibling")?,
+        target_predict: fixed(tp.view(), "target_predict")?,
+    };
+    let mut p = out_array::<i32>(predicts, "predicts", "int32")?;
+    let mut a = out_array::<i32>(accept_index, "accept_index", "int32")?;
+    let mut n = out_array::<i32>(accept_token_num, "accept_token_num", "int32")?;
+    if a.as_array().ndim() != 2 {
+        return Err(PyValueError::new_err(format!(
+            "accept_index: expected a 2-D array [bs, S + 1], got shape {:?}",
+            a.as_array().shape()
+        )));
+    }
+    let bs = inp.candidates.nrows();
+    if a.as_array().shape()[0] != bs {
+        return Err(PyValueError::new_err(format!(
+            "accept_index: expected {bs} rows (one per request), got shape {:?}",
+            a.as_array().shape()
+        )));
+    }
+    let (p, a, n) = (p.as_slice_mut()?, a.as_slice_mut()?, n.as_slice_mut()?);
+    py.detach(|| sglang::verify_tree_greedy(inp, p, a, n)).py()
+}

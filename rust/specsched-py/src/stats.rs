@@ -1,0 +1,159 @@
+//! `AcceptanceStats`: online per-(depth, rank) acceptance counts fed with verify results.
+
+use numpy::{PyArray1, PyArrayDyn};
+use pyo3::exceptions::PyTypeError;
+use pyo3::prelude::*;
+use pyo3::types::PyTuple;
+
+use specsched_core::{sequoia, stats::AcceptanceStats};
+
+use crate::convert::{owned, type_name, IntoPyResult};
+use crate::tree::{PyTree, PyTreeBatch};
+use crate::verify::{PyBatchVerifyResult, PyVerifyResult};
+
+/// Accumulates acceptance per (depth, sibling rank) from verified trees.
+#[pyclass(module = "specsched", name = "AcceptanceStats")]
+#[derive(Default)]
+pub struct PyAcceptanceStats {
+    inner: AcceptanceStats,
+}
+
+fn u64_array<'py>(
+    py: Python<'py>,
+    v: Vec<u64>,
+    shape: &[usize],
+) -> PyResult<Bound<'py, PyArrayDyn<i64>>> {
+    owned(py, v.into_iter().map(|x| x as i64).collect(), shape)
+}
+
+#[pymethods]
+impl PyAcceptanceStats {
+    #[new]
+    fn new() -> Self {
+        Self::default()
+    }
+
+    /// Records a verified Tree + VerifyResult, or a TreeBatch + BatchVerifyResult.
+    fn update(&mut self, tree: &Bound<'_, PyAny>, result: &Bound<'_, PyAny>) -> PyResult<()> {
+        if let (Ok(t), Ok(r)) = (tree.cast::<PyTree>(), result.cast::<PyVerifyResult>()) {
+            let (t, r) = (&t.get().inner, &r.get().inner);
+            // Check before counting: a mismatched pair must not leave partial counts.
+            if r.num_nodes != t.num_nodes() {
+                return Err(pyo3::exceptions::PyValueError::new_err(format!(
+                    "result: verified a tree of {} nodes, but tree has {}",
+                    r.num_nodes,
+                    t.num_nodes()
+                )));
+            }
+            return self
+                .inner
+                .observe(t.view(), &r.accepted_nodes, "result")
+                .py();
+        }
+        if let (Ok(b), Ok(r)) = (
+            tree.cast::<PyTreeBatch>(),
+            result.cast::<PyBatchVerifyResult>(),
+        ) {
+            let (b, r) = (&b.get().inner, &r.get().inner);
+            if r.offsets != b.offsets() {
+                return Err(pyo3::exceptions::PyValueError::new_err(
+                    "result: was verified on a batch with different tree sizes",
+                ));
+            }
+            // Validate every request on a copy, then commit, so an error changes nothing.
+            let mut next = self.inner.clone();
+            for i in 0..b.num_trees() {
+                let k = r.num_accepted[i] as usize;
+                let row = &r.accepted_row(i)[..k + 1];
+                next.observe(b.tree(i), row, &format!("request {i}")).py()?;
+            }
+            self.inner = next;
+            return Ok(());
+        }
+        Err(PyTypeError::new_err(format!(
+            "update: expected (Tree, VerifyResult) or (TreeBatch, BatchVerifyResult), got ({}, {})",
+            type_name(tree),
+            type_name(result)
+        )))
+    }
+
+    /// Adds the counts of another accumulator.
+    fn merge(&mut self, other: PyRef<'_, PyAcceptanceStats>) {
+        let o = other.inner.clone();
+        self.inner.merge(&o);
+    }
+
+    /// Verified trees recorded.
+    #[getter]
+    fn steps(&self) -> u64 {
+        self.inner.steps()
+    }
+
+    /// Mean accepted draft tokens per verified tree (bonus excluded).
+    #[getter]
+    fn mean_accepted(&self) -> f64 {
+        self.inner.mean_accepted()
+    }
+
+    /// int64 `[depths, ranks]`: children of a reached node, by child depth - 1 and rank.
+    #[getter]
+    fn trials<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyArrayDyn<i64>>> {
+        let (d, r) = self.inner.shape();
+        u64_array(py, self.inner.trials(), &[d, r])
+    }
+
+    /// int64 `[depths, ranks]`: accepted children.
+    #[getter]
+    fn hits<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyArrayDyn<i64>>> {
+        let (d, r) = self.inner.shape();
+        u64_array(py, self.inner.hits(), &[d, r])
+    }
+
+    /// float64 `[ranks]`: fitted acceptance per rank, pooled over depths.
+    fn accept_probs<'py>(&self, py: Python<'py>) -> Bound<'py, PyArray1<f64>> {
+        PyArray1::from_vec(py, self.inner.accept_probs())
+    }
+
+    /// `(low, high)` float64 `[ranks]`: Wilson score intervals at normal quantile `z`.
+    #[pyo3(signature = (z=1.96))]
+    fn confidence_interval<'py>(&self, py: Python<'py>, z: f64) -> PyResult<Bound<'py, PyTuple>> {
+        let (lo, hi) = self.inner.confidence_interval(z).py()?;
+        PyTuple::new(py, [PyArray1::from_vec(py, lo), PyArray1::from_vec(py, hi)])
+    }
+
+    /// Sequoia's optimal tree for the fitted vector: `(choices, expected tokens per step)`.
+    #[pyo3(signature = (budget, max_depth=None))]
+    fn optimal_tree<'py>(
+        &self,
+        py: Python<'py>,
+        budget: usize,
+        max_depth: Option<usize>,
+    ) -> PyResult<(Bound<'py, PyAny>, f64)> {
+        let mut p = self.inner.accept_probs();
+        if p.is_empty() {
+            // Nothing observed yet: no rank is known to be accepted.
+            p.push(0.0);
+        }
+        let plan = py
+            .detach(|| sequoia::optimal_tree(&p, budget, max_depth))
+            .py()?;
+        let items: Vec<Bound<'py, PyTuple>> = plan
+            .choices
+            .iter()
+            .map(|c| PyTuple::new(py, c))
+            .collect::<PyResult<_>>()?;
+        Ok((
+            pyo3::types::PyList::new(py, items)?.into_any(),
+            plan.expected,
+        ))
+    }
+
+    fn __repr__(&self) -> String {
+        let (d, r) = self.inner.shape();
+        format!(
+            "AcceptanceStats(steps={}, mean_accepted={:.3}, depths={d}, ranks={r})",
+            self.inner.steps(),
+            self.inner.mean_accepted()
+        )
+    }
+}

@@ -1,0 +1,378 @@
+"""`specsched.sglang`: SGLang's EAGLE tree ops, on numpy arrays and torch CPU tensors.
+
+The golden case is the input/expected-output vector of SGLang's public unit test
+`test/srt/test_build_eagle_tree.py` (bs=2, topk=4, depth=4, N=8), copied number for number.
+Random drafts are produced the way SGLang's `select_top_k_tokens` produces them and compared with
+`specsched.reference`, with specsched's own tree layouts, and with `ss.verify`.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import specsched as ss
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from specsched import reference as ref
+from specsched import sglang as sg
+
+# SGLang test/srt/test_build_eagle_tree.py: inputs ...
+SCORES = [
+    [[[7.1127e-01, 2.8292e-01, 2.2995e-03, 1.7357e-03]],
+     [[9.7476e-01, 2.2219e-02, 6.5031e-04, 1.3212e-04]]],
+    [[[6.9142e-01, 1.2863e-02, 1.6873e-03, 1.1871e-03],
+      [2.4787e-01, 1.8818e-02, 1.4204e-02, 9.2235e-04],
+      [2.2971e-03, 1.6700e-06, 1.8737e-07, 8.3146e-08],
+      [1.2771e-03, 2.4374e-04, 1.7832e-04, 1.1947e-05]],
+     [[8.4832e-02, 6.6068e-02, 5.8304e-02, 5.7851e-02],
+      [2.3616e-03, 1.1243e-03, 5.4368e-04, 2.7768e-04],
+      [2.5286e-04, 1.5578e-04, 2.8817e-05, 1.2888e-05],
+      [1.2834e-04, 2.5417e-06, 1.1279e-06, 1.6088e-08]]],
+    [[[6.6438e-01, 2.6997e-02, 2.4236e-05, 4.0821e-06],
+      [2.4402e-01, 2.8409e-03, 5.0935e-04, 2.9022e-04],
+      [1.6178e-02, 2.0567e-03, 4.5892e-04, 3.0034e-05],
+      [1.3023e-02, 5.0497e-04, 3.6371e-04, 8.7750e-05]],
+     [[2.3263e-02, 2.0054e-02, 9.3990e-03, 2.7783e-03],
+      [6.4156e-02, 5.5506e-04, 1.0429e-04, 9.7211e-05],
+      [4.9950e-02, 5.0630e-03, 9.0068e-04, 3.3656e-04],
+      [7.5817e-03, 8.5731e-04, 6.9972e-04, 6.0793e-04]]],
+    [[[6.6420e-01, 1.0525e-04, 6.5864e-05, 1.2253e-06],
+      [1.3019e-01, 1.0461e-01, 5.2083e-03, 1.6777e-03],
+      [2.0103e-02, 6.7335e-03, 1.2625e-04, 1.0364e-05],
+      [1.5142e-02, 7.0819e-04, 9.6595e-05, 8.7951e-05]],
+     [[5.8608e-02, 1.8840e-03, 7.8535e-04, 4.4400e-04],
+      [1.2185e-02, 2.0684e-03, 1.7418e-03, 1.4327e-03],
+      [6.2455e-03, 6.1487e-03, 2.6862e-03, 1.8034e-03],
+      [1.8590e-03, 1.6151e-03, 1.2481e-03, 3.6038e-04]]],
+]  # fmt: skip
+TOKENS = [
+    [[29896, 29906, 29900, 29945], [13, 2, 29871, 28956]],
+    [[29889, 29974, 29945, 29900, 29974, 29922, 29930, 29958,
+      29889, 29974, 29930, 29945, 29974, 29922, 29930, 29958],
+     [22550, 4136, 16492, 8439, 29871, 2, 3001, 13, 2, 13, 29906, 29946, 2, 13, 29871, 259]],
+    [[29946, 29945, 29953, 29906, 29896, 29945, 29900, 29906,
+      29896, 29945, 29906, 29953, 29896, 29945, 29906, 29946],
+     [29871, 2, 29901, 29889, 29871, 2, 395, 259, 29901, 29871, 2, 29889, 3001, 1234, 7146, 2186]],
+    [[29946, 29974, 29945, 29930, 29889, 29922, 29974, 29930,
+      29974, 29946, 29930, 29922, 29889, 29974, 29945, 29922],
+     [29941, 29906, 2, 29946, 29871, 450, 319, 14990, 29946, 29941, 2, 29906, 29871, 2, 3001, 13]],
+]  # fmt: skip
+PARENTS = [
+    [[-1, 0, 1, 2, 3], [-1, 0, 1, 2, 3]],
+    [[4, 8, 9, 10], [4, 5, 6, 7]],
+    [[20, 24, 21, 28], [24, 28, 20, 21]],
+    [[36, 40, 41, 44], [36, 40, 44, 45]],
+]
+VERIFIED_ID = [29974, 13]
+SEQ_LENS = [5, 10]
+# ... and expected outputs.
+EXPECTED_POSITIONS = [5, 6, 6, 7, 7, 8, 8, 9, 10, 11, 12, 12, 12, 12, 13, 14]
+EXPECTED_RETRIVE_INDEX = [[0, 1, 2, 3, 4, 5, 6, 7], [8, 9, 10, 11, 12, 13, 14, 15]]
+EXPECTED_NEXT_TOKEN = [[1, 3, 4, 5, 6, 7, -1, -1], [1, 2, -1, 6, -1, -1, 7, -1]]
+EXPECTED_NEXT_SIBLING = [[-1, 2, -1, -1, -1, -1, -1, -1], [-1, -1, 3, 4, 5, -1, -1, -1]]
+EXPECTED_DRAFT_TOKENS = [
+    29974, 29896, 29906, 29889, 29974, 29946, 29896, 29946,
+    13, 13, 22550, 4136, 16492, 8439, 29871, 29941,
+]  # fmt: skip
+
+
+def published_inputs(lib):
+    if lib == "torch":
+        torch = pytest.importorskip("torch")
+        scores = [torch.tensor(s, dtype=torch.float32) for s in SCORES]
+        tokens = [torch.tensor(t, dtype=torch.int64) for t in TOKENS]
+        parents = [torch.tensor(p, dtype=torch.int64) for p in PARENTS]
+        vid = torch.tensor(VERIFIED_ID, dtype=torch.int32)
+        seq = torch.tensor(SEQ_LENS, dtype=torch.int64)
+    else:
+        scores = [np.asarray(s, dtype=np.float32) for s in SCORES]
+        tokens = [np.asarray(t, dtype=np.int64) for t in TOKENS]
+        parents = [np.asarray(p, dtype=np.int64) for p in PARENTS]
+        vid = np.asarray(VERIFIED_ID, dtype=np.int32)
+        seq = np.asarray(SEQ_LENS, dtype=np.int64)
+    return scores, tokens, parents, vid, seq
+
+
+@pytest.mark.parametrize("lib", ["numpy", "torch"])
+def test_published_sglang_vector(lib):
+    scores, tokens, parents, vid, seq = published_inputs(lib)
+    parent_list, top_index, draft = sg.organize_draft_results(scores, tokens, parents, 8)
+    out = sg.build_tree_kernel_efficient(
+        verified_id=vid,
+        parent_list=parent_list,
+        top_scores_index=top_index,
+        draft_tokens=draft,
+        seq_lens=seq,
+        seq_lens_sum=int(seq.sum()),
+        topk=4,
+        spec_steps=4,
+        num_verify_tokens=8,
+    )
+    tree_mask, positions, r_index, r_next, r_sib, draft_tokens = out
+    assert positions.tolist() == EXPECTED_POSITIONS
+    assert r_index.tolist() == EXPECTED_RETRIVE_INDEX
+    assert r_next.tolist() == EXPECTED_NEXT_TOKEN
+    assert r_sib.tolist() == EXPECTED_NEXT_SIBLING
+    assert draft_tokens.tolist() == EXPECTED_DRAFT_TOKENS
+    assert [type(x).__module__.split(".")[0] for x in out] == [lib] * 6
+    # The published test does not pin the FULL mask; check it against the tree it describes.
+    assert tree_mask.shape == (sum(SEQ_LENS) * 8 + 2 * 8 * 8,)
+    links = (np.asarray(r_next).ravel().tolist(), np.asarray(r_sib).ravel().tolist())
+    parents_local = parents_from_links(links, 2, 8)
+    batch = ss.TreeBatch.from_flat(parents_local, np.zeros(16, np.int64), [0, 8, 16])
+    assert np.asarray(tree_mask).tolist() == batch.attention_mask(np.asarray(SEQ_LENS)).tolist()
+
+
+def parents_from_links(links, bs, n):
+    nxt, sib = links
+    parents = [-1] * (bs * n)
+    for b in range(bs):
+        for v in range(n):
+            c = nxt[b * n + v]
+            while c != -1:
+                parents[b * n + c] = v
+                c = sib[b * n + c]
+    return parents
+
+
+def simulate_draft(rng, bs, topk, steps, ties=False):
+    """SGLang-style drafting (`select_top_k_tokens`): step 0 is the root's top-k, every later
+    step expands the k frontier nodes by k and keeps the best k products."""
+
+    def probs(shape):
+        if ties:
+            p = rng.choice([0.5, 0.25, 0.125], size=shape)
+        else:
+            p = rng.random(shape)
+        return -np.sort(-p, axis=-1).astype(np.float32)
+
+    score_list, token_list = [], []
+    p0 = probs((bs, topk))
+    score_list.append(p0[:, None, :])
+    token_list.append(rng.integers(0, 20, size=(bs, topk)))
+    parents_list = [np.tile(np.arange(-1, topk), (bs, 1))]
+    scores = p0
+    for i in range(1, steps):
+        expand = scores[:, :, None] * probs((bs, topk, topk))
+        flat = expand.reshape(bs, -1)
+        cs = np.argsort(-flat, axis=1, kind="stable")[:, :topk]
+        scores = np.take_along_axis(flat, cs, axis=1)
+        score_list.append(expand)
+        token_list.append(rng.integers(0, 20, size=(bs, topk * topk)))
+        parents_list.append(cs + topk * topk * (i - 1) + topk)
+    return score_list, token_list, parents_list
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.integers(1, 4),
+    st.integers(1, 4),
+    st.integers(1, 4),
+    st.data(),
+    st.booleans(),
+)
+def test_build_matches_reference_in_every_mask_mode(bs, topk, steps, data, ties):
+    pool = topk + (steps - 1) * topk * topk
+    n = data.draw(st.integers(1, min(pool + 1, 32)))
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
+    score_list, token_list, parents_list = simulate_draft(rng, bs, topk, steps, ties)
+    parent_list, top_index, draft = sg.organize_draft_results(
+        score_list, token_list, parents_list, n
+    )
+    flat_scores = np.concatenate([s.reshape(bs, -1) for s in score_list], axis=1)
+    flat_tokens = np.concatenate(token_list, axis=1)
+    want_idx, want_draft = ref.sglang_organize(flat_scores.tolist(), flat_tokens.tolist(), n)
+    assert top_index.tolist() == want_idx and draft.tolist() == want_draft
+    seq = rng.integers(0, 6, size=bs)
+    vid = rng.integers(0, 20, size=bs)
+    for mode in sg.TreeMaskMode:
+        mask, pos, r_index, r_next, r_sib, tokens = sg.build_tree_kernel_efficient(
+            vid, parent_list, top_index, draft, seq, int(seq.sum()), topk, steps, n, mode
+        )
+        w_mask, w_pos, w_index, w_next, w_sib = ref.sglang_build_tree(
+            parent_list.tolist(), want_idx, seq.tolist(), topk, n, int(mode)
+        )
+        assert mask.tolist() == w_mask
+        assert pos.tolist() == w_pos
+        assert r_index.tolist() == w_index
+        assert r_next.tolist() == w_next
+        assert r_sib.tolist() == w_sib
+        assert tokens.reshape(bs, n)[:, 0].tolist() == vid.tolist()
+        if mode == sg.TreeMaskMode.QLEN_ONLY_BITPACKING:
+            assert mask.dtype == [np.uint8, np.uint16, np.uint32, np.uint32][(n - 1) // 8]
+
+
+def verify_inputs(rng, bs, topk, steps, n):
+    score_list, token_list, parents_list = simulate_draft(rng, bs, topk, steps)
+    parent_list, top_index, draft = sg.organize_draft_results(
+        score_list, token_list, parents_list, n
+    )
+    seq = np.zeros(bs, np.int64)
+    vid = rng.integers(0, 20, size=bs)
+    _, _, r_index, r_next, r_sib, tokens = sg.build_tree_kernel_efficient(
+        vid, parent_list, top_index, draft, seq, 0, topk, steps, n, sg.TreeMaskMode.QLEN_ONLY
+    )
+    return r_index, r_next, r_sib, tokens.reshape(bs, n)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 4), st.integers(1, 3), st.integers(1, 4), st.data())
+def test_verify_tree_greedy_matches_reference_and_ss_verify(bs, topk, steps, data):
+    n = data.draw(st.integers(1, topk + (steps - 1) * topk * topk + 1))
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
+    r_index, r_next, r_sib, cand = verify_inputs(rng, bs, topk, steps, n)
+    # Target predictions drawn from the candidates' own tokens so that paths get accepted.
+    target = rng.integers(0, 20, size=(bs, n))
+    width = data.draw(st.integers(1, steps + 1))
+    predicts = np.zeros(bs * n, np.int32)
+    accept_index = np.full((bs, width), -1, np.int32)
+    accept_num = np.empty(bs, np.int32)
+    sg.verify_tree_greedy(predicts, accept_index, accept_num, cand, r_index, r_next, r_sib, target)
+    w_pred, w_index, w_num = ref.sglang_verify_tree_greedy(
+        cand.tolist(),
+        r_index.tolist(),
+        r_next.tolist(),
+        r_sib.tolist(),
+        target.ravel().tolist(),
+        width,
+        [0] * (bs * n),
+    )
+    assert predicts.tolist() == w_pred
+    assert accept_index.tolist() == w_index
+    assert accept_num.tolist() == w_num
+    if width == steps + 1:
+        # With room for the deepest path it is specsched's own greedy walk.
+        parents = parents_from_links((r_next.ravel().tolist(), r_sib.ravel().tolist()), bs, n)
+        offsets = [b * n for b in range(bs + 1)]
+        batch = ss.TreeBatch.from_flat(parents, cand.ravel(), offsets)
+        rb = ss.verify(batch, target_tokens=target.ravel())
+        p2, a2, n2 = rb.to_sglang()
+        assert accept_num.tolist() == n2.tolist()
+        assert predicts.tolist() == p2.tolist()
+        assert accept_index[:, : a2.shape[1]].tolist() == a2.tolist()
+
+
+def test_verify_tree_greedy_in_place_on_torch_cpu():
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(0)
+    r_index, r_next, r_sib, cand = verify_inputs(rng, 2, 2, 3, 6)
+    target = torch.from_numpy(cand.copy())  # the target agrees with rank-0 drafts: deep paths
+    predicts = torch.zeros(12, dtype=torch.int32)
+    accept_index = torch.full((2, 4), -1, dtype=torch.int32)
+    accept_num = torch.empty(2, dtype=torch.int32)
+    args = [torch.from_numpy(a) for a in (cand, r_index, r_next, r_sib)]
+    assert sg.verify_tree_greedy(predicts, accept_index, accept_num, *args, target) is None
+    w_pred, w_index, w_num = ref.sglang_verify_tree_greedy(
+        cand.tolist(), r_index.tolist(), r_next.tolist(), r_sib.tolist(),
+        cand.ravel().tolist(), 4, [0] * 12,
+    )  # fmt: skip
+    assert predicts.tolist() == w_pred
+    assert accept_index.tolist() == w_index
+    assert accept_num.tolist() == w_num
+
+
+def test_buffers_are_filled_like_sglang():
+    scores, tokens, parents, vid, seq = published_inputs("numpy")
+    pl, idx, draft = sg.organize_draft_results(scores, tokens, parents, 8)
+    mask_buf = np.zeros(200, dtype=np.bool_)
+    pos_buf = np.full(20, 7, dtype=np.int64)
+    out = sg.build_tree_kernel_efficient(
+        vid, pl, idx, draft, seq, 15, 4, 4, 8, sg.TreeMaskMode.QLEN_ONLY, mask_buf, pos_buf
+    )
+    assert out[0] is mask_buf and out[1] is pos_buf
+    assert pos_buf[:16].tolist() == EXPECTED_POSITIONS and pos_buf[16:].tolist() == [7] * 4
+    assert mask_buf[128:].all()  # SGLang fills the whole buffer with True first
+    ref_mask = ref.sglang_build_tree(pl.tolist(), idx.tolist(), SEQ_LENS, 4, 8, 1)[0]
+    assert mask_buf[:128].tolist() == ref_mask
+    packed = np.full(20, 0xFF, dtype=np.uint8)
+    out = sg.build_tree_kernel_efficient(
+        vid, pl, idx, draft, seq, 15, 4, 4, 8, sg.TreeMaskMode.QLEN_ONLY_BITPACKING, packed
+    )
+    assert packed[16:].tolist() == [0] * 4
+    assert (
+        packed[:16].tolist()
+        == ref.sglang_build_tree(pl.tolist(), idx.tolist(), SEQ_LENS, 4, 8, 2)[0]
+    )
+
+
+def build(parent_list, sel, n=3, topk=2, steps=3, **kw):
+    bs = len(sel)
+    args = dict(
+        verified_id=np.zeros(bs, np.int64),
+        parent_list=parent_list
+        if isinstance(parent_list, np.ndarray)
+        else np.asarray(parent_list, np.int64),
+        top_scores_index=np.asarray(sel, np.int64),
+        draft_tokens=np.zeros((bs, n - 1), np.int64),
+        seq_lens=np.zeros(bs, np.int64),
+        seq_lens_sum=0,
+        topk=topk,
+        spec_steps=steps,
+        num_verify_tokens=n,
+    )
+    args.update(kw)
+    return sg.build_tree_kernel_efficient(**args)
+
+
+def test_bad_input_is_a_clear_error():
+    pl = [[-1, 0, 1], [-1, 0, 1]]
+    # SGLang's "invalid eagle tree": candidate 4's parent (candidate 1) was not selected.
+    with pytest.raises(ValueError, match=r"invalid eagle tree: request 1, node 2"):
+        build(pl, [[0, 1], [0, 4]])
+    with pytest.raises(ValueError, match=r"request 0, node 2.*sorted"):
+        build(pl, [[1, 0], [0, 1]])
+    with pytest.raises(IndexError, match=r"request 0, node 1: candidate 99"):
+        build(pl, [[99, 100], [0, 1]])
+    with pytest.raises(IndexError, match=r"parent_list"):
+        build([[-1], [-1]], [[0, 4], [0, 1]])
+    with pytest.raises(ValueError, match="topk"):
+        build(pl, [[0, 1], [0, 1]], topk=0)
+    with pytest.raises(ValueError, match="spec_steps"):
+        build(pl, [[0, 1], [0, 1]], steps=0)
+    with pytest.raises(ValueError, match="seq_lens_sum"):
+        build(pl, [[0, 1], [0, 1]], seq_lens_sum=3)
+    with pytest.raises(ValueError, match=r"seq_lens\[1\] = -1"):
+        build(pl, [[0, 1], [0, 1]], seq_lens=np.array([1, -1]), seq_lens_sum=0)
+    with pytest.raises(ValueError, match="at most 32"):
+        build([[-1] * 40], [list(range(32))], n=33, topk=40, steps=1, tree_mask_mode=2)
+    with pytest.raises(ValueError, match="num_verify_tokens"):
+        build(pl, [[0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10]], n=12, steps=3)
+    with pytest.raises(TypeError, match="parent_list"):
+        build(np.zeros((2, 3)), [[0, 1], [0, 1]])
+    nan_scores = [np.array([[[0.5, math.nan]]], np.float32)]
+    with pytest.raises(ValueError, match=r"request 0, candidate 1: score is NaN"):
+        sg.organize_draft_results(nan_scores, [np.array([[1, 2]])], [np.array([[-1, 0, 1]])], 2)
+    with pytest.raises(ValueError, match="num_draft_token"):
+        sg.organize_draft_results(
+            [np.array([[[0.5, 0.1]]], np.float32)],
+            [np.array([[1, 2]])],
+            [np.array([[-1, 0, 1]])],
+            4,
+        )
+
+
+def test_verify_bad_input():
+    cand = np.array([[0, 5, 7]])
+    ri = np.array([[0, 1, 2]])
+    nt = np.array([[1, -1, -1]])
+    ns = np.array([[-1, 2, -1]])
+    tgt = np.array([7, 0, 0])
+    good = (np.zeros(3, np.int32), np.full((1, 3), -1, np.int32), np.zeros(1, np.int32))
+    with pytest.raises(IndexError, match=r"retrive_next_token\[0, 0\] = 9"):
+        sg.verify_tree_greedy(*good, cand, ri, np.array([[9, -1, -1]]), ns, tgt)
+    with pytest.raises(IndexError, match=r"retrive_index\[0, 2\] = 40"):
+        sg.verify_tree_greedy(*good, cand, np.array([[0, 1, 40]]), nt, ns, tgt)
+    with pytest.raises(ValueError, match="cycle"):
+        sg.verify_tree_greedy(*good, cand, ri, nt, np.array([[-1, 2, 1]]), np.array([9, 0, 0]))
+    with pytest.raises(TypeError, match="predicts: expected dtype int32"):
+        sg.verify_tree_greedy(np.zeros(3, np.int64), *good[1:], cand, ri, nt, ns, tgt)
+    with pytest.raises(ValueError, match="accept_index"):
+        sg.verify_tree_greedy(good[0], np.zeros((2, 3), np.int32), good[2], cand, ri, nt, ns, tgt)
+    with pytest.raises(ValueError, match="read-only"):
+        ro = np.zeros(3, np.int32)
+        ro.flags.writeable = False
+        sg.verify_tree_greedy(ro, *good[1:], cand, ri, nt, ns, tgt)
+    with pytest.raises(ValueError, match="target_predict"):
+        sg.verify_tree_greedy(*good, cand, ri, nt, ns, np.array([7, 0]))

@@ -1,0 +1,109 @@
+"""`ss.AcceptanceStats`: per-(depth, rank) acceptance counts from verify results, against the
+plain-Python counts of `specsched.reference.acceptance_counts`, and its fitted vector."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import specsched as ss
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from specsched import reference as ref
+from strategies import batches, trees
+
+
+def padded(rows: list[list[int]], shape: tuple[int, int]) -> list[list[int]]:
+    out = [[0] * shape[1] for _ in range(shape[0])]
+    for d, row in enumerate(rows):
+        out[d][: len(row)] = row
+    return out
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(trees(1, 24, vocab=3), st.data()), min_size=1, max_size=6))
+def test_counts_match_reference(items):
+    stats = ss.AcceptanceStats()
+    observed = []
+    for (parents, tokens), data in items:
+        target = data.draw(
+            st.lists(st.integers(0, 2), min_size=len(parents), max_size=len(parents))
+        )
+        tree = ss.Tree(parents, tokens)
+        r = ss.verify(tree, target_tokens=np.asarray(target))
+        stats.update(tree, r)
+        observed.append((parents, r.accepted_nodes.tolist()))
+    trials, hits = ref.acceptance_counts(observed)
+    shape = stats.trials.shape
+    assert stats.trials.tolist() == padded(trials, shape)
+    assert stats.hits.tolist() == padded(hits, shape)
+    assert stats.steps == len(items)
+    total_t = np.asarray(stats.trials).sum(axis=0)
+    total_h = np.asarray(stats.hits).sum(axis=0)
+    want = np.divide(total_h, total_t, out=np.zeros(len(total_t)), where=total_t > 0)
+    np.testing.assert_allclose(stats.accept_probs(), want)
+    lo, hi = stats.confidence_interval()
+    assert np.all(lo <= want + 1e-12) and np.all(want <= hi + 1e-12)
+    assert stats.mean_accepted == pytest.approx(np.mean([len(path) - 1 for _, path in observed]))
+
+
+@settings(max_examples=40, deadline=None)
+@given(batches(max_trees=5, max_nodes=16, vocab=3), st.data())
+def test_batch_update_equals_single_updates(batch, data):
+    parents, tokens, offsets = batch
+    tb = ss.TreeBatch.from_flat(parents, tokens, offsets)
+    target = data.draw(st.lists(st.integers(0, 2), min_size=len(parents), max_size=len(parents)))
+    rb = ss.verify(tb, target_tokens=np.asarray(target))
+    together, apart = ss.AcceptanceStats(), ss.AcceptanceStats()
+    together.update(tb, rb)
+    for i in range(len(tb)):
+        apart.update(tb[i], rb[i])
+    assert together.trials.tolist() == apart.trials.tolist()
+    assert together.hits.tolist() == apart.hits.tolist()
+    merged = ss.AcceptanceStats()
+    merged.merge(together)
+    merged.merge(apart)
+    assert merged.trials.tolist() == (2 * np.asarray(apart.trials)).tolist()
+    assert merged.steps == 2 * len(tb)
+
+
+def test_fitted_vector_converges_and_replans():
+    # Star trees of 4 ranks; the target picks rank r with probability p[r] (else none).
+    p = np.array([0.6, 0.2, 0.1, 0.0])
+    rng = np.random.default_rng(0)
+    tree = ss.Tree([-1, 0, 0, 0, 0], [0, 1, 2, 3, 4])
+    stats = ss.AcceptanceStats()
+    for _ in range(4000):
+        r = rng.choice(5, p=[*p, 1 - p.sum()])
+        target = np.zeros(5, np.int64)
+        target[0] = r + 1 if r < 4 else 9
+        stats.update(tree, ss.verify(tree, target_tokens=target))
+    fitted = stats.accept_probs()
+    lo, hi = stats.confidence_interval(z=4.0)
+    assert np.all(lo <= p) and np.all(p <= hi)
+    np.testing.assert_allclose(fitted, p, atol=0.04)
+    choices, value = stats.optimal_tree(8, max_depth=3)
+    want_choices, want_value = ss.optimal_tree(fitted, 8, 3)
+    assert (choices, value) == (want_choices, want_value)
+    assert "steps=4000" in repr(stats)
+
+
+def test_empty_stats_and_bad_input():
+    stats = ss.AcceptanceStats()
+    assert stats.trials.shape == (0, 0) and stats.accept_probs().tolist() == []
+    assert stats.mean_accepted == 0.0
+    assert stats.optimal_tree(4) == ([], 1.0)
+    tree = ss.Tree([-1, 0, 0], [0, 1, 2])
+    other = ss.Tree([-1, 0, 1], [0, 1, 2])
+    r = ss.verify(other, target_tokens=np.array([1, 2, 0]))
+    with pytest.raises(ValueError, match=r"accepted node 2 \(step 2\) is not a child of node 1"):
+        stats.update(tree, r)
+    assert stats.steps == 0 and stats.trials.shape == (0, 0)
+    with pytest.raises(ValueError, match="3 nodes"):
+        stats.update(ss.Tree([-1, 0], [0, 1]), r)
+    with pytest.raises(TypeError, match="update"):
+        stats.update(tree, "result")
+    rb = ss.verify(ss.TreeBatch([tree, tree]), target_tokens=np.array([1, 0, 0, 2, 0, 0]))
+    with pytest.raises(ValueError, match="different tree sizes"):
+        stats.update(ss.TreeBatch([tree, other, tree]), rb)
+    with pytest.raises(ValueError, match="z"):
+        stats.confidence_interval(z=0.0)

@@ -1,0 +1,203 @@
+"""Top-N tree selection (`ss.top_n_tree`) and the batched EAGLE-2 `ss.DynamicTreeBuilder`,
+against the plain-Python twins in `specsched.reference`.
+
+Pools are generated with coarse log scores so ties are common: the selection must still be the
+reference's (higher score, then shallower, then lower pool index) and ancestor-closed.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import specsched as ss
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from specsched import reference as ref
+
+EDGE_LOGPROBS = [0.0, -0.5, -1.0, -2.0, -math.inf]
+
+
+@st.composite
+def pools(draw: st.DrawFn, max_size: int = 40):
+    """`(parents, edge log scores, tokens)` of a candidate pool; parents precede children."""
+    m = draw(st.integers(0, max_size))
+    parents = [draw(st.integers(-1, i - 1)) for i in range(m)]
+    edges = [draw(st.sampled_from(EDGE_LOGPROBS)) for _ in range(m)]
+    tokens = [draw(st.integers(0, 5)) for _ in range(m)]
+    return parents, edges, tokens
+
+
+def cumulative(parents: list[int], edges: list[float]) -> list[float]:
+    out: list[float] = []
+    for p, e in zip(parents, edges, strict=True):
+        out.append(e if p == -1 else out[p] + e)
+    return out
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    pools(),
+    st.data(),
+    st.sampled_from([np.int32, np.int64]),
+    st.sampled_from([np.float32, np.float64]),
+)
+def test_top_n_matches_reference_and_is_ancestor_closed(pool, data, pdt, sdt):
+    parents, edges, tokens = pool
+    budget = data.draw(st.integers(1, len(parents) + 1))
+    cum = cumulative(parents, edges)
+    for scores, is_cum in ((cum, True), (edges, False)):
+        tree, idx = ss.top_n_tree(
+            np.asarray(parents, dtype=pdt),
+            np.asarray(scores, dtype=sdt),
+            budget,
+            tokens=np.asarray(tokens, dtype=np.int64),
+            root_token=99,
+            cumulative=is_cum,
+        )
+        # f32 rounding of sums could reorder near-ties; the coarse scores here are exact in f32.
+        want_p, want_t, want_idx = ref.top_n_tree(parents, scores, budget, tokens, 99, is_cum)
+        assert tree.parents.tolist() == want_p
+        assert tree.tokens.tolist() == want_t
+        assert idx.tolist() == want_idx
+        chosen = set(idx.tolist())
+        assert all(parents[g] == -1 or parents[g] in chosen for g in chosen)
+        assert idx.dtype == np.int64 and tree.num_nodes == budget
+
+
+def test_top_n_ties_prefer_shallower_then_pool_index():
+    # Candidates 0 and 1 under the root, 2 under 0, all with the same cumulative score.
+    tree, idx = ss.top_n_tree([-1, -1, 0], [-1.0, -1.0, -1.0], 3)
+    assert idx.tolist() == [0, 1]
+    tree, idx = ss.top_n_tree([-1, 0, -1], [-1.0, -1.0, -1.0], 3)
+    assert idx.tolist() == [0, 2]
+    assert tree.parents.tolist() == [-1, 0, 0]
+    # Without tokens every node carries its pool index; the root carries root_token.
+    assert tree.tokens.tolist() == [0, 0, 2]
+
+
+@pytest.mark.parametrize(
+    ("parents", "scores", "budget", "exc", "match"),
+    [
+        ([-1, -1], [-1.0, math.nan], 2, ValueError, r"scores\[1\].*candidate 1"),
+        ([-1, -1], [-1.0, math.inf], 2, ValueError, r"candidate 1"),
+        ([-1, -1], [-1.0, 0.5], 2, ValueError, r"scores\[1\]"),
+        ([-1, 1], [-1.0, -1.0], 2, ValueError, r"parents\[1\] = 1"),
+        ([-1, 5], [-1.0, -1.0], 2, ValueError, r"parents\[1\] = 5"),
+        ([-1, -2], [-1.0, -1.0], 2, ValueError, r"parents\[1\] = -2"),
+        ([-1, 0], [-1.0, -0.5], 2, ValueError, r"above its parent"),
+        ([-1, 0], [-1.0, -2.0], 4, ValueError, r"budget"),
+        ([-1, 0], [-1.0, -2.0], 0, ValueError, r"budget"),
+        ([-1, 0], [-1.0], 2, ValueError, r"scores"),
+        ([-1.0, 0.0], [-1.0, -2.0], 2, TypeError, r"parents"),
+        ([-1, 0], [1, 2], 2, TypeError, r"scores"),
+    ],
+)
+def test_top_n_bad_input(parents, scores, budget, exc, match):
+    with pytest.raises(exc, match=match):
+        ss.top_n_tree(parents, np.asarray(scores), budget)
+
+
+def random_step(rng, shape):
+    """Top-k tokens and coarse (tie-prone) log probabilities, sorted like a draft's top-k."""
+    tokens = rng.integers(0, 50, size=shape)
+    lps = -np.sort(rng.choice([0.0, 0.25, 0.5, 1.0, 3.0], size=shape), axis=-1)
+    return tokens, lps
+
+
+def as_lists(step):
+    return [np.asarray(a).tolist() for a in step]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.integers(1, 3),
+    st.integers(1, 3),
+    st.integers(1, 4),
+    st.data(),
+    st.sampled_from([np.float32, np.float64]),
+)
+def test_dynamic_builder_matches_reference(batch, topk, depth, data, fdt):
+    pool = topk + (depth - 1) * topk * topk
+    budget = data.draw(st.integers(1, pool + 1))
+    steps = data.draw(st.integers(1, depth))
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
+    rust = ss.DynamicTreeBuilder(batch, topk, depth, budget)
+    oracle = ref.DynamicTreeBuilder(batch, topk, depth, budget)
+    roots = rng.integers(0, 50, size=batch)
+    tok, lp = random_step(rng, (batch, topk))
+    prefix = rng.integers(0, 9, size=batch)
+    got = rust.start(roots, tok, lp.astype(fdt), prefix_lens=prefix)
+    want = oracle.start(roots.tolist(), tok.tolist(), lp.tolist(), prefix.tolist())
+    assert as_lists(got) == [list(w) for w in want]
+    for _ in range(steps - 1):
+        tok, lp = random_step(rng, (batch, topk, topk))
+        got = rust.expand(tok, lp.astype(fdt))
+        want = oracle.expand(tok.tolist(), lp.tolist())
+        assert as_lists(got) == [list(w) for w in want]
+        assert got[2].shape == (batch, topk, rust.level * topk)
+    assert rust.level == steps
+    drafted = topk + (steps - 1) * topk * topk
+    if budget - 1 > drafted:
+        with pytest.raises(ValueError, match="budget"):
+            rust.build()
+        return
+    tb, idx = rust.build()
+    parents, tokens, pool_index = oracle.build()
+    assert tb.parents.tolist() == parents
+    assert tb.tokens.tolist() == tokens
+    assert idx.tolist() == pool_index
+    assert tb.num_trees == batch and tb.max_nodes == budget
+
+
+def test_dynamic_builder_walkthrough():
+    b = ss.DynamicTreeBuilder(1, 2, 3, 4)
+    tokens, parent_index, mask, positions = b.start([9], [[10, 11]], [[-0.1, -1.0]], 5)
+    assert tokens.tolist() == [[10, 11]] and parent_index.tolist() == [[0, 0]]
+    assert mask.tolist() == [[[True, False], [False, True]]]
+    assert positions.tolist() == [[6, 6]]
+    tok = np.array([[[20, 21], [22, 23]]])
+    lp = np.array([[[-0.2, -3.0], [-0.05, -2.0]]])
+    tokens, parent_index, mask, positions = b.expand(tok, lp)
+    # cumulative: 20: -0.3, 21: -3.1, 22: -1.05, 23: -3.0 -> frontier [20, 22]
+    assert tokens.tolist() == [[20, 22]] and parent_index.tolist() == [[0, 1]]
+    assert mask[0].tolist() == [[True, False, True, False], [False, True, False, True]]
+    assert positions.tolist() == [[7, 7]]
+    tb, idx = b.build()
+    assert tb[0].parents.tolist() == [-1, 0, 0, 1]
+    assert tb[0].tokens.tolist() == [9, 10, 11, 20]
+    assert idx.tolist() == [[0, 1, 2]]
+    assert "level=2" in repr(b)
+
+
+def test_dynamic_builder_bad_input():
+    with pytest.raises(ValueError, match="topk"):
+        ss.DynamicTreeBuilder(1, 0, 3, 2)
+    with pytest.raises(ValueError, match="depth"):
+        ss.DynamicTreeBuilder(1, 2, 0, 2)
+    with pytest.raises(ValueError, match="batch"):
+        ss.DynamicTreeBuilder(-1, 2, 2, 2)
+    with pytest.raises(ValueError, match="budget"):
+        ss.DynamicTreeBuilder(1, 2, 1, 4)
+    b = ss.DynamicTreeBuilder(2, 2, 2, 3)
+    with pytest.raises(ValueError, match="start"):
+        b.expand(np.zeros((2, 2, 2), np.int64), np.zeros((2, 2, 2)))
+    with pytest.raises(ValueError, match="start"):
+        b.build()
+    with pytest.raises(ValueError, match=r"topk_logprobs\[1, 0\] = 0.5"):
+        b.start([1, 2], [[1, 2], [3, 4]], [[-1.0, -2.0], [0.5, -1.0]])
+    with pytest.raises(ValueError, match=r"topk_logprobs\[0, 1\] = NaN"):
+        b.start([1, 2], [[1, 2], [3, 4]], [[-1.0, math.nan], [-0.5, -1.0]])
+    with pytest.raises(ValueError, match=r"topk_tokens: expected shape \(2, 2\)"):
+        b.start([1, 2], [[1, 2]], [[-1.0, -2.0], [-0.5, -1.0]])
+    with pytest.raises(TypeError, match="topk_logprobs"):
+        b.start([1, 2], [[1, 2], [3, 4]], [[1, 2], [3, 4]])
+    b.start([1, 2], [[1, 2], [3, 4]], [[-1.0, -2.0], [-0.5, -1.0]])
+    lp = np.full((2, 2, 2), -1.0)
+    lp[1, 1, 0] = math.nan
+    with pytest.raises(ValueError, match=r"topk_logprobs\[1, 1, 0\]"):
+        b.expand(np.zeros((2, 2, 2), np.int64), lp)
+    b.expand(np.zeros((2, 2, 2), np.int64), np.full((2, 2, 2), -1.0))
+    with pytest.raises(ValueError, match="depth 2"):
+        b.expand(np.zeros((2, 2, 2), np.int64), np.full((2, 2, 2), -1.0))
