@@ -8,7 +8,8 @@
 //! wrapping mod 2^64. The top 53 bits give `u = (h >> 11 + 0.5) / 2^53`, strictly inside (0, 1).
 //! `specsched.reference.rng_uniform` and the torch device path compute the same function.
 
-const GOLDEN: u64 = 0x9e37_79b9_7f4a_7c15;
+/// The splitmix64 increment (2^64 / golden ratio).
+pub const GOLDEN: u64 = 0x9e37_79b9_7f4a_7c15;
 
 /// The splitmix64 finaliser: a bijection of u64 with full avalanche.
 #[inline]
