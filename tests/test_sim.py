@@ -239,3 +239,32 @@ def test_simulate_releases_the_gil() -> None:
         if ratios[-1] < 0.5:
             break
     assert min(ratios) < 0.5, f"Python was blocked during simulate: {ratios}"
+
+
+def test_empirical_model_from_acceptance_stats() -> None:
+    """Statistics gathered from verify results give back the per-rank acceptance that produced
+    them, and the model they make predicts the measured tokens per step."""
+    rng = np.random.default_rng(7)
+    tree = ss.Tree.from_choices([(0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0)])
+    children: dict[int, list[int]] = {}
+    for c in range(1, tree.num_nodes):
+        children.setdefault(int(tree.parents[c]), []).append(c)
+    stats = ss.AcceptanceStats()
+    emitted = []
+    for _ in range(4000):
+        target = np.full(tree.num_nodes, -1, dtype=np.int64)
+        for v, kids in children.items():
+            u = rng.random()
+            pick = 0 if u < 0.6 else (1 if u < 0.8 else None)
+            if pick is not None and pick < len(kids):
+                target[v] = tree.tokens[kids[pick]]
+        r = ss.verify(tree, target_tokens=target)
+        stats.update(tree, r)
+        emitted.append(r.num_accepted + 1)
+    model = sim.Acceptance.from_stats(stats)
+    rows = model.core_values()
+    assert abs(rows[0][0] - 0.6) < 0.03 and abs(rows[0][1] - 0.2) < 0.03
+    predicted = sim.expected_accept_length(tree, model)
+    assert abs(predicted - float(np.mean(emitted))) < 0.05
+    with pytest.raises(ValueError, match="stats"):
+        sim.Acceptance.from_stats(ss.AcceptanceStats())

@@ -32,7 +32,7 @@ from typing import Any, Literal, cast
 import numpy as np
 
 from specsched import _core
-from specsched._core import Tree, TreeBatch
+from specsched._core import AcceptanceStats, Tree, TreeBatch
 
 __all__ = [
     "Acceptance",
@@ -121,6 +121,21 @@ class Acceptance:
     @classmethod
     def table(cls, rows: Sequence[Sequence[float]]) -> Acceptance:
         return cls("table", tuple(tuple(r) for r in rows))
+
+    @classmethod
+    def from_stats(cls, stats: AcceptanceStats, min_trials: int = 1) -> Acceptance:
+        """The empirical model of live traffic: `hits / trials` per (depth, rank) as counted by
+        `AcceptanceStats` (the same conditional probability the table model means). Cells with
+        fewer than `min_trials` trials count as 0; a row whose estimates sum past 1 (sampling
+        noise across ranks seen different numbers of times) is scaled back to 1."""
+        trials = np.asarray(stats.trials, dtype=np.float64)
+        hits = np.asarray(stats.hits, dtype=np.float64)
+        if trials.size == 0 or not trials.any():
+            raise ValueError("stats: no verified trees recorded yet")
+        probs = np.where(trials >= max(1, min_trials), hits / np.maximum(trials, 1.0), 0.0)
+        sums = probs.sum(axis=1, keepdims=True)
+        probs = np.where(sums > 1.0, probs / np.maximum(sums, 1.0), probs)
+        return cls.table(probs.tolist())
 
     def core_values(self) -> list[list[float]]:
         """The values as the extension takes them: one row, or one row per depth."""
