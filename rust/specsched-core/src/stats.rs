@@ -8,7 +8,8 @@
 //! Cost: O(path length · children) per verified tree.
 
 use crate::error::{Error, Result};
-use crate::tree::TreeRef;
+use crate::tree::{TreeBatch, TreeRef};
+use crate::verify::BatchVerified;
 
 /// Counts, grown on demand: `[depth - 1][rank]`.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -59,6 +60,26 @@ impl AcceptanceStats {
         }
         self.steps += 1;
         self.accepted += (accepted.len() - 1) as u64;
+        Ok(())
+    }
+
+    /// Records every request of a verified batch, or nothing if any request does not match
+    /// the batch it claims to come from.
+    pub fn observe_batch(&mut self, batch: &TreeBatch, r: &BatchVerified) -> Result<()> {
+        if r.offsets != batch.offsets() {
+            return Err(Error::value(
+                "result",
+                "was verified on a batch with different tree sizes",
+            ));
+        }
+        // Count into a copy and commit at the end, so an error changes nothing.
+        let mut next = self.clone();
+        for i in 0..batch.num_trees() {
+            let k = r.num_accepted[i] as usize;
+            let row = &r.accepted_row(i)[..k + 1];
+            next.observe(batch.tree(i), row, &format!("request {i}"))?;
+        }
+        *self = next;
         Ok(())
     }
 

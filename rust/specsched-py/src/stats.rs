@@ -55,20 +55,7 @@ impl PyAcceptanceStats {
             result.cast::<PyBatchVerifyResult>(),
         ) {
             let (b, r) = (&b.get().inner, &r.get().inner);
-            if r.offsets != b.offsets() {
-                return Err(pyo3::exceptions::PyValueError::new_err(
-                    "result: was verified on a batch with different tree sizes",
-                ));
-            }
-            // Validate every request on a copy, then commit, so an error changes nothing.
-            let mut next = self.inner.clone();
-            for i in 0..b.num_trees() {
-                let k = r.num_accepted[i] as usize;
-                let row = &r.accepted_row(i)[..k + 1];
-                next.observe(b.tree(i), row, &format!("request {i}")).py()?;
-            }
-            self.inner = next;
-            return Ok(());
+            return self.inner.observe_batch(b, r).py();
         }
         Err(PyTypeError::new_err(format!(
             "update: expected (Tree, VerifyResult) or (TreeBatch, BatchVerifyResult), got ({}, {})",
