@@ -6,14 +6,11 @@
 //! [`select`]; [`kv`] turns the accepted path into KV-cache moves. Nothing here knows Python:
 //! inputs are slices and ndarray views, outputs are written into caller-provided buffers.
 
-pub mod dynamic;
 pub mod error;
 pub mod kv;
 pub mod layout;
 pub mod rng;
 pub mod select;
-pub mod sequoia;
-pub mod sglang;
 pub mod sim;
 pub mod stats;
 pub mod topology;

@@ -3,7 +3,7 @@
 //! For every node `v` the verify walk reached, each of its children of rank `r` (position among
 //! siblings) was a *trial* for (depth of the child, `r`), and the accepted child (if any) a
 //! *hit*. The target's choice at `v` does not depend on how many children `v` has, so
-//! `hits / trials` estimates Sequoia's positional acceptance `p[r]` (see [`crate::sequoia`])
+//! `hits / trials` estimates Sequoia's positional acceptance `p[r]` (see [`crate::topology::sequoia`])
 //! without bias, per depth or pooled over depths; Wilson intervals give its uncertainty.
 //! Cost: O(path length · children) per verified tree.
 

@@ -6,8 +6,10 @@
 use ndarray::{Array2, ArrayView1};
 use proptest::prelude::*;
 
-use specsched_core::sequoia::{expected_accept_length, optimal_tree_dp, optimal_tree_heap};
-use specsched_core::sglang::{build_tree, BuildOut, MaskOut};
+use specsched_core::topology::sequoia::{
+    expected_accept_length, optimal_tree_dp, optimal_tree_heap,
+};
+use specsched_core::topology::sglang::{build_tree, BuildOut, MaskOut};
 use specsched_core::topology::{from_choices, top_n};
 
 /// A pool: parents in `[-1, i)`, edge log scores from a coarse set (ties are common).

@@ -8,8 +8,8 @@ use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
 
-use specsched_core::dynamic::{DynamicTreeBuilder, Step};
-use specsched_core::{sequoia, topology};
+use specsched_core::topology::dynamic::{DynamicTreeBuilder, Step};
+use specsched_core::topology::{self, sequoia};
 
 use crate::convert::{owned, type_name, IntoPyResult};
 use crate::ndconv::{f64_vec, fixed, float_array, i64_array, with_float_view};

@@ -6,7 +6,7 @@ use numpy::PyArray2;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
-use specsched_core::sglang::{self, BuildOut, GreedyIn, MaskOut};
+use specsched_core::topology::sglang::{self, BuildOut, GreedyIn, MaskOut};
 
 use crate::convert::{owned, IntoPyResult};
 use crate::ndconv::{fixed, float_array, i64_array, out_array, with_float_view};

@@ -5,7 +5,7 @@ use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use pyo3::types::PyTuple;
 
-use specsched_core::{sequoia, stats::AcceptanceStats};
+use specsched_core::{stats::AcceptanceStats, topology::sequoia};
 
 use crate::convert::{owned, type_name, IntoPyResult};
 use crate::tree::{PyTree, PyTreeBatch};

@@ -1,9 +1,16 @@
-//! Tree builders for static topologies: chains and choice lists.
+//! Tree builders. Every builder maximizes the sum of path-product acceptance estimates under a
+//! node budget (FIELD_NOTES §3): static chains and choice lists and the top-N selection live
+//! here; [`dynamic`] drafts EAGLE-2/3 trees step by step, [`sglang`] reproduces SGLang's tree
+//! ops, and [`sequoia`] finds the optimal static tree for a per-rank acceptance vector.
 //!
 //! A choice list (Medusa, EAGLE-1, vLLM `speculative_token_tree`, TensorRT-LLM `*_choices`)
 //! names each draft node by its path of sibling ranks from the root, which is implicit. Nodes
 //! are ordered as vLLM orders them — root, then by `(len, choice)` — so parents come first and
 //! siblings appear in rank order. Cost: O(M log M · D) for M choices of depth D.
+
+pub mod dynamic;
+pub mod sequoia;
+pub mod sglang;
 
 use std::collections::HashMap;
 
