@@ -129,7 +129,9 @@ mod tests {
     fn matches_definition_on_small_alphabets() {
         let mut x: u64 = 7;
         for _ in 0..3000 {
-            x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
             let len = (x >> 33) as usize % 24;
             let alpha = 1 + (x >> 20) as i64 % 3;
             let c: Vec<i64> = (0..len)
