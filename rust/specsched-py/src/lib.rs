@@ -4,6 +4,7 @@
 use pyo3::prelude::*;
 
 mod convert;
+mod draft;
 mod kv;
 mod sim;
 mod tree;
@@ -26,6 +27,10 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(sim::sim_path_probs, m)?)?;
     m.add_function(wrap_pyfunction!(sim::sim_best_tree, m)?)?;
     m.add_function(wrap_pyfunction!(sim::sim_simulate, m)?)?;
+    m.add_class::<draft::PySuffixDrafter>()?;
+    m.add_class::<draft::PyNgramDrafter>()?;
+    m.add_class::<draft::PyDraft>()?;
+    m.add("MAX_TOKEN_ID", specsched_core::draft::MAX_TOKEN_ID)?;
     m.add("MAX_NODES", specsched_core::tree::MAX_NODES)?;
     m.add("MAX_BATCH_NODES", specsched_core::tree::MAX_BATCH_NODES)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
