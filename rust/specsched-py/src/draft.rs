@@ -24,7 +24,9 @@ fn int_list(obj: &Bound<'_, PyAny>, arg: &str) -> PyResult<Vec<i64>> {
 
 fn sequence<'py>(obj: &Bound<'py, PyAny>, arg: &str) -> PyResult<Vec<Bound<'py, PyAny>>> {
     if obj.is_instance_of::<pyo3::types::PyString>() {
-        return Err(PyTypeError::new_err(format!("{arg}: expected a sequence, got str")));
+        return Err(PyTypeError::new_err(format!(
+            "{arg}: expected a sequence, got str"
+        )));
     }
     obj.try_iter()
         .map_err(|_| PyTypeError::new_err(format!("{arg}: expected a sequence")))?
@@ -40,7 +42,10 @@ fn proposal_tree(p: &Proposal) -> specsched_core::Result<Tree> {
 }
 
 fn batch(props: &[Proposal]) -> specsched_core::Result<TreeBatch> {
-    let trees = props.iter().map(proposal_tree).collect::<specsched_core::Result<Vec<_>>>()?;
+    let trees = props
+        .iter()
+        .map(proposal_tree)
+        .collect::<specsched_core::Result<Vec<_>>>()?;
     TreeBatch::from_trees(&trees.iter().collect::<Vec<_>>())
 }
 
@@ -225,6 +230,11 @@ impl PySuffixDrafter {
         use_global: bool,
     ) -> PyResult<PyTreeBatch> {
         let ids = int_list(request_ids, "request_ids")?;
+        if ids.is_empty() {
+            return Err(PyValueError::new_err(
+                "request_ids: empty: a TreeBatch holds at least one tree",
+            ));
+        }
         let budgets: Vec<i64> = match budgets.extract::<i64>() {
             Ok(b) => vec![b; ids.len()],
             Err(_) => int_list(budgets, "budgets")?,
@@ -240,9 +250,8 @@ impl PySuffixDrafter {
             .iter()
             .enumerate()
             .map(|(i, &b)| {
-                ProposeOptions::new(b, min_prob, max_spec_factor, chain).map_err(|e| {
-                    PyValueError::new_err(format!("budgets[{i}]: {e}"))
-                })
+                ProposeOptions::new(b, min_prob, max_spec_factor, chain)
+                    .map_err(|e| PyValueError::new_err(format!("budgets[{i}]: {e}")))
             })
             .collect::<PyResult<Vec<_>>>()?;
         let inner = py.detach(|| -> PyResult<TreeBatch> {
@@ -329,6 +338,11 @@ impl PyNgramDrafter {
     /// Chains for many contexts, computed in parallel with the GIL released.
     fn propose_batch(&self, py: Python<'_>, contexts: &Bound<'_, PyAny>) -> PyResult<PyTreeBatch> {
         let items = sequence(contexts, "contexts")?;
+        if items.is_empty() {
+            return Err(PyValueError::new_err(
+                "contexts: empty: a TreeBatch holds at least one tree",
+            ));
+        }
         let ctxs = items
             .iter()
             .enumerate()

@@ -6,8 +6,8 @@
 //! `seq[i..i+|w|] == w`). To propose for a context `c`, the *match* is the longest suffix
 //! `m = c[L-len..]`, `1 <= len <= max_depth - 1`, that occurs followed by at least one token
 //! (`count(m x) > 0` for some `x`). From `m`, candidates are grown best-first by path
-//! probability `count(m p) / count(m)` (the product of `count(child) / count(parent)` along the
-//! path), ties to the candidate discovered first, a node's children being discovered in
+//! probability `count(m p) / C` with `C = sum_x count(m x)` (the occurrences of `m` that
+//! continue; below the match it is the product of `count(child) / count(parent)`), ties to the candidate discovered first, a node's children being discovered in
 //! (count descending, token ascending) order; a candidate is kept only if its path probability
 //! is `>= min_prob` and `|m p| <= max_depth`. At most `min(budget, floor(max_spec_factor * len))`
 //! draft nodes are taken (`chain` mode follows only each node's first child). The score is the
@@ -422,7 +422,7 @@ impl SuffixIndex {
         self.free_seqs.push(seq);
     }
 
-    #[inline]
+    #[cfg(test)]
     fn locus_count(&self, l: Locus) -> u32 {
         self.count[l.node as usize]
     }
@@ -550,11 +550,14 @@ impl SuffixIndex {
         let limit = opt
             .budget
             .min((opt.max_spec_factor * match_len as f64).floor() as usize);
-        let c0 = self.locus_count(m) as f64;
+        let mut kids = Vec::new();
+        // The match's own occurrence at the end of a context has no continuation: normalize
+        // by the occurrences that continue, so the children's probabilities sum to 1.
+        self.children(m, 1, &mut kids);
+        let c0 = kids.iter().map(|k| k.0 as f64).sum::<f64>();
         let keep = |cnt: u32| cnt as f64 / c0 >= opt.min_prob;
         let mut heap: BinaryHeap<Cand> = BinaryHeap::new();
         let mut order = 0u64;
-        let mut kids = Vec::new();
         let mut push_children = |heap: &mut BinaryHeap<Cand>, l: Locus, parent: i32| {
             self.children(l, 1, &mut kids);
             for &(cnt, tok, loc) in kids.iter().filter(|k| keep(k.0)) {
