@@ -177,7 +177,7 @@ def test_suffix_global_cache_matches_reference(
 
 
 def test_suffix_known_vector() -> None:
-    d = ss.SuffixDrafter(max_depth=8)
+    d = ss.SuffixDrafter(max_depth=16)
     d.start_request(1, [1, 2, 3, 4, 5, 1, 2, 3])
     got = d.propose(1, budget=8)
     # "1 2 3" recurs once: its continuation "4 5 1" (3 = factor 1.0 * match 3 drafts), p = 1.

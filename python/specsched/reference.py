@@ -866,7 +866,7 @@ def suffix_propose(
     chain: bool = False,
 ) -> tuple[list[int], list[int], list[float], float, int]:
     """One index's proposal for ``context``, from the semantics in docs/api.md: the longest
-    context suffix (length <= max_depth - 1) occurring with a continuation, then best-first
+    context suffix (length <= min(max_depth - 1, max(1, max_depth - budget))) occurring with a continuation, then best-first
     growth by ``count(path) / C``, ``C`` the number of occurrences of the match followed by a
     token (ties to the earliest discovered; children
     discovered by count descending, token ascending), pruning below ``min_prob`` and at depth
@@ -875,7 +875,8 @@ def suffix_propose(
     n = len(context)
     root = context[-1]
     match = 0
-    for m in range(min(n, max_depth - 1), 0, -1):
+    max_match = min(max_depth - 1, max(1, max_depth - budget))
+    for m in range(min(n, max_match), 0, -1):
         if _next_token_counts(seqs, context[n - m :]):
             match = m
             break

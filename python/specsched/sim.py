@@ -372,3 +372,7 @@ def measure_host_overhead(
         step()
         times.append(time.perf_counter() - t0)
     return statistics.median(times) * 1e3
+
+
+# Replay of model-free drafters on recorded text (issue 7); defined in specsched._replay.
+from specsched._replay import ReplayResult, replay, stdlib_workload  # noqa: E402

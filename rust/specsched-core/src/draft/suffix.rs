@@ -4,7 +4,8 @@
 //! **Semantics.** An index holds token sequences and, for every string `w` of length at most
 //! `max_depth`, its occurrence count `count(w)` (start positions `i` of any stored sequence with
 //! `seq[i..i+|w|] == w`). To propose for a context `c`, the *match* is the longest suffix
-//! `m = c[L-len..]`, `1 <= len <= max_depth - 1`, that occurs followed by at least one token
+//! `m = c[L-len..]`, `1 <= len <= min(max_depth - 1, max(1, max_depth - budget))` (room is
+//! left under the depth bound for a full-budget chain), that occurs followed by at least one token
 //! (`count(m x) > 0` for some `x`). From `m`, candidates are grown best-first by path
 //! probability `count(m p) / C` with `C = sum_x count(m x)` (the occurrences of `m` that
 //! continue; below the match it is the product of `count(child) / count(parent)`), ties to the candidate discovered first, a node's children being discovered in
@@ -507,9 +508,9 @@ impl SuffixIndex {
 
     /// The longest suffix of `context` (length <= max_depth - 1) that occurs with a
     /// continuation, found by walking from the root.
-    fn find_match(&self, context: &[u32]) -> Option<(Locus, usize)> {
+    fn find_match(&self, context: &[u32], max_match: usize) -> Option<(Locus, usize)> {
         let n = context.len();
-        let longest = n.min(self.max_depth as usize - 1);
+        let longest = n.min(max_match);
         for len in (1..=longest).rev() {
             let mut l = Locus {
                 node: ROOT,
@@ -534,13 +535,21 @@ impl SuffixIndex {
 
     /// The deepest active suffix of `seq` with a continuation: the match of the sequence's own
     /// context in its own index, read off without a search.
-    fn own_match(&self, seq: u32) -> Option<(Locus, usize)> {
+    fn own_match(&self, seq: u32, max_match: usize) -> Option<(Locus, usize)> {
         let sq = self.seqs[seq as usize].as_ref().expect("live sequence");
         let n = sq.tokens.len() as u32;
         sq.active.iter().find_map(|&(j, node)| {
             let l = Locus { node, depth: n - j };
-            (l.depth < self.max_depth && self.has_continuation(l)).then_some((l, l.depth as usize))
+            (l.depth as usize <= max_match && self.has_continuation(l))
+                .then_some((l, l.depth as usize))
         })
+    }
+
+    /// Longest match considered: `max_depth - budget` (at least 1, at most `max_depth - 1`),
+    /// so that a full-budget chain still fits under the depth bound.
+    fn max_match(&self, opt: &ProposeOptions) -> usize {
+        let d = self.max_depth as usize;
+        (d - 1).min(d.saturating_sub(opt.budget).max(1))
     }
 
     /// Best-first expansion from the match `m` of length `match_len`.
@@ -595,7 +604,7 @@ impl SuffixIndex {
     /// Proposal from this index for `context` (a non-empty token list).
     pub fn propose_for(&self, context: &[u32], opt: &ProposeOptions) -> Proposal {
         let root = *context.last().expect("non-empty context");
-        match self.find_match(context) {
+        match self.find_match(context, self.max_match(opt)) {
             Some((m, len)) => self.expand(root, m, len, opt),
             None => Proposal::root_only(root),
         }
@@ -605,7 +614,7 @@ impl SuffixIndex {
     pub fn propose_own(&self, seq: u32, opt: &ProposeOptions) -> Proposal {
         let toks = self.seq_tokens(seq);
         let root = *toks.last().expect("non-empty context");
-        match self.own_match(seq) {
+        match self.own_match(seq, self.max_match(opt)) {
             Some((m, len)) => self.expand(root, m, len, opt),
             None => Proposal::root_only(root),
         }
@@ -915,8 +924,8 @@ mod tests {
             let len = 1 + rng(&mut x) % 40;
             let toks: Vec<u32> = (0..len).map(|_| (rng(&mut x) % 3) as u32).collect();
             idx.append(s, &toks);
-            let a = idx.own_match(s).map(|(l, m)| (idx.locus_count(l), m));
-            let b = idx.find_match(&toks).map(|(l, m)| (idx.locus_count(l), m));
+            let a = idx.own_match(s, depth as usize - 1).map(|(l, m)| (idx.locus_count(l), m));
+            let b = idx.find_match(&toks, depth as usize - 1).map(|(l, m)| (idx.locus_count(l), m));
             assert_eq!(a, b, "{toks:?}");
         }
     }
