@@ -37,6 +37,7 @@ from specsched._core import Tree, TreeBatch
 __all__ = [
     "Acceptance",
     "CostModel",
+    "ReplayResult",
     "SimResult",
     "best_tree",
     "chain_tree",
@@ -44,8 +45,10 @@ __all__ = [
     "expected_tokens_chain",
     "measure_host_overhead",
     "path_probabilities",
+    "replay",
     "simulate",
     "speedup",
+    "stdlib_workload",
 ]
 
 Kind = Literal["iid", "per_depth", "per_rank", "table"]
