@@ -75,13 +75,15 @@ def test_propose(benchmark, where: str, n: int, contender: str) -> None:  # type
     if n > 10_000:
         pytest.skip("brute-force reference: 10^4 tokens only")
     toks = stdlib_bytes(n).tolist()
+    r = ref.ReferenceSuffixDrafter(max_depth=64, max_global_tokens=2 * n)
     if where == "own":
-        seqs, ctx = [toks], toks
+        r.start_request(0, toks)
     else:
-        seqs, ctx = [toks[1:]], toks[n // 2 : n // 2 + 200]
-    got_ref = benchmark.pedantic(
-        ref.suffix_propose, (seqs, ctx, BUDGET, 0.01, 32.0, 64), rounds=1, iterations=1
-    )
+        r.start_request(1, toks[:1])
+        r.append(1, toks[1:])
+        r.finish_request(1)
+        r.start_request(0, toks[n // 2 : n // 2 + 200])
+    got_ref = benchmark.pedantic(r.propose, (0, BUDGET, 0.01, 32.0), rounds=1, iterations=1)
     assert got_ref[1] == want.tree.tokens.tolist()
 
 
