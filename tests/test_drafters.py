@@ -55,7 +55,9 @@ def test_ngram_known_vector() -> None:
 
 
 @settings(max_examples=50, deadline=None)
-@given(contexts=st.lists(st.lists(st.integers(0, 2), min_size=1, max_size=30), min_size=1, max_size=8))
+@given(
+    contexts=st.lists(st.lists(st.integers(0, 2), min_size=1, max_size=30), min_size=1, max_size=8)
+)
 def test_ngram_batch_equals_single(contexts: list[list[int]]) -> None:
     d = ss.NgramDrafter(1, 3, 4)
     b = d.propose_batch([np.asarray(c, dtype=np.int32) for c in contexts])
@@ -149,9 +151,7 @@ def test_suffix_matches_reference(
     for rid, (toks, _) in r.requests.items():
         if toks:
             _check_same(d, r, rid, p)
-    assert d.num_indexed_tokens == d.num_global_tokens + sum(
-        len(t) for t, _ in r.requests.values()
-    )
+    assert d.num_indexed_tokens == d.num_global_tokens + sum(len(t) for t, _ in r.requests.values())
 
 
 @settings(max_examples=100, deadline=None)

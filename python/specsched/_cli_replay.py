@@ -29,7 +29,9 @@ def _budgets(text: str) -> list[int]:
     try:
         out = [int(x) for x in text.split(",") if x.strip()]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated integers, got {text!r}"
+        ) from None
     if not out or min(out) < 1:
         raise argparse.ArgumentTypeError(f"budgets must be >= 1, got {text!r}")
     return out

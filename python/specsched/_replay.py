@@ -24,7 +24,7 @@ from typing import Literal
 
 import numpy as np
 
-from specsched._core import NgramDrafter, SuffixDrafter, Tree
+from specsched._core import NgramDrafter, SuffixDrafter, Tree, VerifyResult
 from specsched._verify import verify
 
 DrafterName = Literal["suffix-tree", "suffix-chain", "ngram"]
@@ -142,6 +142,7 @@ def replay(
             depth = tree.depths + pos
             choice = np.where(depth < len(target), target[np.minimum(depth, len(target) - 1)], -1)
             r = verify(tree, target_tokens=choice)
+            assert isinstance(r, VerifyResult)
             committed = r.tokens[: r.num_accepted + (1 if r.bonus_token >= 0 else 0)]
             steps += 1
             accepted += r.num_accepted
@@ -228,7 +229,9 @@ def stdlib_workload(
             out.append((list(text[:half]), list(text[half:])))
         elif kind == "edit":
             edited = _edit(text, rng, edits=max(1, len(text) // 600))
-            out.append((list(text + b"\n# Rewrite the file above with small edits.\n"), list(edited)))
+            out.append(
+                (list(text + b"\n# Rewrite the file above with small edits.\n"), list(edited))
+            )
         else:
             out.append((list(text[:200]), list(text[200:])))
     return out

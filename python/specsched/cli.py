@@ -8,8 +8,9 @@ machine. The full comparison, with vectorized numpy/torch peers, is `pytest benc
 `specsched simulate` compares a chain and the best tree at the same verify budget (analytic
 and Monte Carlo, with wall-clock speed-ups); `specsched decide` recommends a speculation method
 for a workload profile; `specsched replay` compares model-free drafters (suffix tree, suffix
-chain, n-gram) on byte-level replays of the standard library's source. They take `--json` and `--plot FILE.png` (needs matplotlib, the `plot`
-extra). Bad input exits with status 2 and a one-line message.
+chain, n-gram) on byte-level replays of the standard library's source. All take `--json`;
+simulate and decide also `--plot FILE.png` (needs matplotlib, the `plot` extra). Bad input
+exits with status 2 and a one-line message.
 """
 
 from __future__ import annotations

@@ -866,9 +866,9 @@ def suffix_propose(
     chain: bool = False,
 ) -> tuple[list[int], list[int], list[float], float, int]:
     """One index's proposal for ``context``, from the semantics in docs/api.md: the longest
-    context suffix (length <= min(max_depth - 1, max(1, max_depth - budget))) occurring with a continuation, then best-first
-    growth by ``count(path) / C``, ``C`` the number of occurrences of the match followed by a
-    token (ties to the earliest discovered; children
+    context suffix (length <= min(max_depth - 1, max(1, max_depth - budget))) occurring with a
+    continuation, then best-first growth by ``count(path) / C``, ``C`` the number of
+    occurrences of the match followed by a token (ties to the earliest discovered; children
     discovered by count descending, token ascending), pruning below ``min_prob`` and at depth
     ``max_depth``, at most ``min(budget, floor(max_spec_factor * match_len))`` drafts.
     Returns ``(parents, tokens, probs, score, match_len)``."""
