@@ -924,8 +924,12 @@ mod tests {
             let len = 1 + rng(&mut x) % 40;
             let toks: Vec<u32> = (0..len).map(|_| (rng(&mut x) % 3) as u32).collect();
             idx.append(s, &toks);
-            let a = idx.own_match(s, depth as usize - 1).map(|(l, m)| (idx.locus_count(l), m));
-            let b = idx.find_match(&toks, depth as usize - 1).map(|(l, m)| (idx.locus_count(l), m));
+            let a = idx
+                .own_match(s, depth as usize - 1)
+                .map(|(l, m)| (idx.locus_count(l), m));
+            let b = idx
+                .find_match(&toks, depth as usize - 1)
+                .map(|(l, m)| (idx.locus_count(l), m));
             assert_eq!(a, b, "{toks:?}");
         }
     }
