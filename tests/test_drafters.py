@@ -332,3 +332,25 @@ def test_shared_drafter_is_thread_safe() -> None:
     for i in range(4):
         assert d.propose(i, 16, 0.01, 4.0).tree == s.propose(i, 16, 0.01, 4.0).tree
     assert d.num_indexed_tokens == s.num_indexed_tokens == 1600
+
+
+def test_indexing_releases_the_gil() -> None:
+    toks = np.random.default_rng(0).integers(0, 4, size=200_000)
+    d = ss.SuffixDrafter(max_depth=64)
+    started, done = threading.Event(), threading.Event()
+
+    def work() -> None:
+        started.set()
+        d.start_request(0, toks)
+        done.set()
+
+    t = threading.Thread(target=work)
+    t.start()
+    started.wait()
+    ticks = 0
+    while not done.is_set():
+        ticks += 1
+    t.join()
+    # With the GIL held for the whole call this loop could not run until it returned.
+    assert ticks > 1000
+    assert d.num_indexed_tokens == toks.size
