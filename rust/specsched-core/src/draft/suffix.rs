@@ -639,6 +639,20 @@ pub struct SuffixDrafter {
     cached: HashMap<i64, u32>,
 }
 
+/// Positions are `u32`: a request's context stays below `u32::MAX / 2` tokens. (Node ids are
+/// `u32` too; an index reaches 2^32 nodes only past ~200 GB of memory.)
+const MAX_SEQ_TOKENS: usize = (u32::MAX / 2) as usize;
+
+fn check_len(n: usize) -> Result<()> {
+    if n > MAX_SEQ_TOKENS {
+        return Err(Error::value(
+            "tokens",
+            format!("a request's context would hold {n} tokens, more than {MAX_SEQ_TOKENS}"),
+        ));
+    }
+    Ok(())
+}
+
 fn unknown(arg: &'static str, id: i64) -> Error {
     Error::value(
         arg,
@@ -711,6 +725,7 @@ impl SuffixDrafter {
     /// Starts indexing request `id` with its prompt.
     pub fn start_request(&mut self, id: i64, prompt: &[i64]) -> Result<()> {
         let prompt = check_tokens("prompt", prompt)?;
+        check_len(prompt.len())?;
         if self.requests.contains_key(&id) {
             return Err(Error::value(
                 "request_id",
@@ -738,6 +753,7 @@ impl SuffixDrafter {
             .requests
             .get_mut(&id)
             .ok_or_else(|| unknown("request_id", id))?;
+        check_len(r.index.num_tokens() + tokens.len())?;
         r.index.append(0, &tokens);
         Ok(())
     }
