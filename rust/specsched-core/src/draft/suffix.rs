@@ -278,6 +278,19 @@ impl SuffixIndex {
     }
 
     fn new_node(&mut self, parent: u32, token: u32, count: u32, tail: (u32, u32)) -> u32 {
+        let id = self.link_node(parent, token, count, tail);
+        self.lookup.insert(key(parent, token), id);
+        id
+    }
+
+    /// The id the next allocated node gets.
+    #[inline]
+    fn next_id(free_nodes: &[u32], len: usize) -> u32 {
+        free_nodes.last().copied().unwrap_or(len as u32)
+    }
+
+    /// Allocates a node and links it under `parent`, without indexing it in `lookup`.
+    fn link_node(&mut self, parent: u32, token: u32, count: u32, tail: (u32, u32)) -> u32 {
         let first = self.first_child[parent as usize];
         let id = match self.free_nodes.pop() {
             Some(id) => {
@@ -306,7 +319,6 @@ impl SuffixIndex {
             self.prev_sib[first as usize] = id;
         }
         self.first_child[parent as usize] = id;
-        self.lookup.insert(key(parent, token), id);
         id
     }
 
@@ -346,11 +358,21 @@ impl SuffixIndex {
             let mut kept = 0;
             for r in 0..active.len() {
                 let (j, u) = active[r];
-                let d = n - j; // depth of u before t
-                match self.lookup.get(&key(u, t)).copied() {
+                // u is at depth d before t.
+                let d = n - j;
+                // One probe: a vacant slot is filled with the id the new node will get.
+                let found = match self.lookup.entry(key(u, t)) {
+                    Entry::Occupied(o) => Some(*o.get()),
+                    Entry::Vacant(e) => {
+                        e.insert(Self::next_id(&self.free_nodes, self.count.len()));
+                        None
+                    }
+                };
+                match found {
                     None => {
                         // First occurrence of this string: j's own tail; j retires.
-                        self.new_node(u, t, 1, (seq, j));
+                        let id = self.link_node(u, t, 1, (seq, j));
+                        debug_assert_eq!(self.lookup[&key(u, t)], id);
                     }
                     Some(v) => {
                         let vi = v as usize;
