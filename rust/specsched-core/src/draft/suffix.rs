@@ -53,34 +53,37 @@ const ROOT: u32 = 0;
 /// Largest `max_depth` accepted.
 pub const MAX_DEPTH_LIMIT: i64 = 4096;
 
-/// A multiplicative hasher for the packed `(node, token)` keys: the keys are not adversarial
-/// (token ids and arena indices), and SipHash would dominate the append cost.
+/// A multiplicative hasher for the `(node, token)` keys: the keys are not adversarial (token
+/// ids and arena indices), and SipHash would dominate the append cost. The two `u32` writes
+/// are packed into one word, mixed once in `finish`.
 #[derive(Default, Clone, Copy)]
 pub struct KeyHasher(u64);
 
 impl Hasher for KeyHasher {
+    #[inline]
     fn finish(&self) -> u64 {
-        self.0
+        let mut h = self.0.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        h ^= h >> 29;
+        h = h.wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        h ^ (h >> 32)
     }
     fn write(&mut self, bytes: &[u8]) {
         for &b in bytes {
-            self.write_u64(b as u64);
+            self.write_u32(b as u32);
         }
     }
     #[inline]
-    fn write_u64(&mut self, x: u64) {
-        let mut h = (self.0 ^ x).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-        h ^= h >> 29;
-        h = h.wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        self.0 = h ^ (h >> 32);
+    fn write_u32(&mut self, x: u32) {
+        self.0 = self.0.rotate_left(32) ^ x as u64;
     }
 }
 
-type Lookup = HashMap<u64, u32, BuildHasherDefault<KeyHasher>>;
+/// `(node, token) -> child`: 12-byte slots (a `u64` key would pad them to 16).
+type Lookup = HashMap<(u32, u32), u32, BuildHasherDefault<KeyHasher>>;
 
 #[inline]
-fn key(node: u32, token: u32) -> u64 {
-    ((node as u64) << 32) | token as u64
+fn key(node: u32, token: u32) -> (u32, u32) {
+    (node, token)
 }
 
 #[derive(Debug, Default, Clone)]
@@ -106,7 +109,6 @@ pub struct SuffixIndex {
     token: Vec<u32>,
     first_child: Vec<u32>,
     next_sib: Vec<u32>,
-    prev_sib: Vec<u32>,
     /// Tail nodes: the occurrence they stand for; `NIL` for materialized nodes.
     tail_seq: Vec<u32>,
     tail_start: Vec<u32>,
@@ -216,7 +218,6 @@ impl SuffixIndex {
             token: vec![NIL],
             first_child: vec![NIL],
             next_sib: vec![NIL],
-            prev_sib: vec![NIL],
             tail_seq: vec![NIL],
             tail_start: vec![NIL],
             lookup: Lookup::default(),
@@ -243,9 +244,16 @@ impl SuffixIndex {
 
     /// Heap bytes held (arena, hash table, sequences), by capacity.
     pub fn memory_bytes(&self) -> usize {
-        let arena = self.count.capacity() * 4 * 7;
-        // hashbrown: one (u64, u32) slot padded to 16 bytes plus one control byte per bucket.
-        let table = self.lookup.capacity() * 17;
+        let arena = self.count.capacity() * 4 * 6 + self.free_nodes.capacity() * 4;
+        // hashbrown: a power-of-two bucket count, at most 7/8 full; a 12-byte slot and one
+        // control byte per bucket.
+        let cap = self.lookup.capacity();
+        let buckets = if cap == 0 {
+            0
+        } else {
+            (cap * 8 / 7).next_power_of_two()
+        };
+        let table = buckets * 13;
         let seqs: usize = self
             .seqs
             .iter()
@@ -299,7 +307,6 @@ impl SuffixIndex {
                 self.token[i] = token;
                 self.first_child[i] = NIL;
                 self.next_sib[i] = first;
-                self.prev_sib[i] = NIL;
                 self.tail_seq[i] = tail.0;
                 self.tail_start[i] = tail.1;
                 id
@@ -309,15 +316,11 @@ impl SuffixIndex {
                 self.token.push(token);
                 self.first_child.push(NIL);
                 self.next_sib.push(first);
-                self.prev_sib.push(NIL);
                 self.tail_seq.push(tail.0);
                 self.tail_start.push(tail.1);
                 (self.count.len() - 1) as u32
             }
         };
-        if first != NIL {
-            self.prev_sib[first as usize] = id;
-        }
         self.first_child[parent as usize] = id;
         id
     }
@@ -326,14 +329,16 @@ impl SuffixIndex {
         let i = node as usize;
         debug_assert_eq!(self.first_child[i], NIL);
         self.lookup.remove(&key(parent, self.token[i]));
-        let (prev, next) = (self.prev_sib[i], self.next_sib[i]);
-        if prev == NIL {
+        // Singly linked siblings: find the predecessor (removal happens only on eviction).
+        let next = self.next_sib[i];
+        let mut c = self.first_child[parent as usize];
+        if c == node {
             self.first_child[parent as usize] = next;
         } else {
-            self.next_sib[prev as usize] = next;
-        }
-        if next != NIL {
-            self.prev_sib[next as usize] = prev;
+            while self.next_sib[c as usize] != node {
+                c = self.next_sib[c as usize];
+            }
+            self.next_sib[c as usize] = next;
         }
         self.count[i] = 0;
         self.tail_seq[i] = NIL;
