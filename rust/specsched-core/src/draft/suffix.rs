@@ -49,6 +49,8 @@ use crate::error::{Error, Result};
 
 const NIL: u32 = u32::MAX;
 const ROOT: u32 = 0;
+/// Marks a tail node in `count` (materialized counts stay below 2^31: one per indexed token).
+const TAIL: u32 = 1 << 31;
 
 /// Largest `max_depth` accepted.
 pub const MAX_DEPTH_LIMIT: i64 = 4096;
@@ -105,13 +107,14 @@ struct Locus {
 #[derive(Debug, Clone)]
 pub struct SuffixIndex {
     max_depth: u32,
+    /// Occurrence count of a materialized node; for a tail node (count 1 by definition),
+    /// `TAIL | sequence` of the occurrence it stands for.
     count: Vec<u32>,
     token: Vec<u32>,
+    /// First child of a materialized node (`NIL`: none); for a tail node, the start of its
+    /// occurrence (a tail has no children).
     first_child: Vec<u32>,
     next_sib: Vec<u32>,
-    /// Tail nodes: the occurrence they stand for; `NIL` for materialized nodes.
-    tail_seq: Vec<u32>,
-    tail_start: Vec<u32>,
     lookup: Lookup,
     free_nodes: Vec<u32>,
     seqs: Vec<Option<Seq>>,
@@ -218,8 +221,6 @@ impl SuffixIndex {
             token: vec![NIL],
             first_child: vec![NIL],
             next_sib: vec![NIL],
-            tail_seq: vec![NIL],
-            tail_start: vec![NIL],
             lookup: Lookup::default(),
             free_nodes: Vec::new(),
             seqs: Vec::new(),
@@ -244,7 +245,7 @@ impl SuffixIndex {
 
     /// Heap bytes held (arena, hash table, sequences), by capacity.
     pub fn memory_bytes(&self) -> usize {
-        let arena = self.count.capacity() * 4 * 6 + self.free_nodes.capacity() * 4;
+        let arena = self.count.capacity() * 4 * 4 + self.free_nodes.capacity() * 4;
         // hashbrown: a power-of-two bucket count, at most 7/8 full; a 12-byte slot and one
         // control byte per bucket.
         let cap = self.lookup.capacity();
@@ -285,8 +286,8 @@ impl SuffixIndex {
         }
     }
 
-    fn new_node(&mut self, parent: u32, token: u32, count: u32, tail: (u32, u32)) -> u32 {
-        let id = self.link_node(parent, token, count, tail);
+    fn new_tail(&mut self, parent: u32, token: u32, tail: (u32, u32)) -> u32 {
+        let id = self.link_tail(parent, token, tail);
         self.lookup.insert(key(parent, token), id);
         id
     }
@@ -297,27 +298,26 @@ impl SuffixIndex {
         free_nodes.last().copied().unwrap_or(len as u32)
     }
 
-    /// Allocates a node and links it under `parent`, without indexing it in `lookup`.
-    fn link_node(&mut self, parent: u32, token: u32, count: u32, tail: (u32, u32)) -> u32 {
+    /// Allocates a tail node for occurrence `(seq, start)` and links it under `parent`,
+    /// without indexing it in `lookup`. (Every node is born a tail; materialization turns
+    /// tails into counted nodes.)
+    fn link_tail(&mut self, parent: u32, token: u32, (seq, start): (u32, u32)) -> u32 {
+        debug_assert!(seq < TAIL);
         let first = self.first_child[parent as usize];
         let id = match self.free_nodes.pop() {
             Some(id) => {
                 let i = id as usize;
-                self.count[i] = count;
+                self.count[i] = TAIL | seq;
                 self.token[i] = token;
-                self.first_child[i] = NIL;
+                self.first_child[i] = start;
                 self.next_sib[i] = first;
-                self.tail_seq[i] = tail.0;
-                self.tail_start[i] = tail.1;
                 id
             }
             None => {
-                self.count.push(count);
+                self.count.push(TAIL | seq);
                 self.token.push(token);
-                self.first_child.push(NIL);
+                self.first_child.push(start);
                 self.next_sib.push(first);
-                self.tail_seq.push(tail.0);
-                self.tail_start.push(tail.1);
                 (self.count.len() - 1) as u32
             }
         };
@@ -327,7 +327,7 @@ impl SuffixIndex {
 
     fn remove_node(&mut self, parent: u32, node: u32) {
         let i = node as usize;
-        debug_assert_eq!(self.first_child[i], NIL);
+        debug_assert!(self.is_tail(node) || self.first_child[i] == NIL);
         self.lookup.remove(&key(parent, self.token[i]));
         // Singly linked siblings: find the predecessor (removal happens only on eviction).
         let next = self.next_sib[i];
@@ -341,7 +341,7 @@ impl SuffixIndex {
             self.next_sib[c as usize] = next;
         }
         self.count[i] = 0;
-        self.tail_seq[i] = NIL;
+        self.first_child[i] = NIL;
         self.free_nodes.push(node);
     }
 
@@ -376,23 +376,22 @@ impl SuffixIndex {
                 match found {
                     None => {
                         // First occurrence of this string: j's own tail; j retires.
-                        let id = self.link_node(u, t, 1, (seq, j));
+                        let id = self.link_tail(u, t, (seq, j));
                         debug_assert_eq!(self.lookup[&key(u, t)], id);
                     }
                     Some(v) => {
                         let vi = v as usize;
-                        if self.tail_seq[vi] != NIL {
+                        if self.is_tail(v) {
                             // A second occurrence: materialize v, re-hang the tail one deeper.
-                            let (ts, tk) = (self.tail_seq[vi], self.tail_start[vi]);
-                            self.tail_seq[vi] = NIL;
-                            self.tail_start[vi] = NIL;
+                            let (ts, tk) = self.tail_ref(v);
+                            self.first_child[vi] = NIL;
                             self.count[vi] = 2;
                             if d + 1 < self.max_depth {
                                 let other = self.seq_tokens(ts);
                                 let idx = (tk + d + 1) as usize;
                                 if idx < other.len() {
                                     let x = other[idx];
-                                    self.new_node(v, x, 1, (ts, tk));
+                                    self.new_tail(v, x, (ts, tk));
                                 }
                             }
                         } else {
@@ -428,11 +427,8 @@ impl SuffixIndex {
             let mut v = ROOT;
             for &x in &toks[j..toks.len().min(j + d)] {
                 let c = self.lookup[&key(v, x)];
-                if self.tail_seq[c as usize] != NIL {
-                    debug_assert_eq!(
-                        (self.tail_seq[c as usize], self.tail_start[c as usize]),
-                        (seq, j as u32)
-                    );
+                if self.is_tail(c) {
+                    debug_assert_eq!(self.tail_ref(c), (seq, j as u32));
                     self.remove_node(v, c);
                     break;
                 }
@@ -452,23 +448,42 @@ impl SuffixIndex {
 
     #[cfg(test)]
     fn locus_count(&self, l: Locus) -> u32 {
-        self.count[l.node as usize]
+        self.node_count(l.node)
     }
 
     /// The single continuation token of a point inside a tail chain, if any.
     #[inline]
     fn tail_next(&self, l: Locus) -> Option<u32> {
-        let i = l.node as usize;
         if l.depth >= self.max_depth {
             return None;
         }
-        let toks = self.seq_tokens(self.tail_seq[i]);
-        toks.get((self.tail_start[i] + l.depth) as usize).copied()
+        let (seq, start) = self.tail_ref(l.node);
+        self.seq_tokens(seq)
+            .get((start + l.depth) as usize)
+            .copied()
     }
 
     #[inline]
     fn is_tail(&self, node: u32) -> bool {
-        self.tail_seq[node as usize] != NIL
+        self.count[node as usize] & TAIL != 0
+    }
+
+    /// The occurrence `(sequence, start)` a tail node stands for.
+    #[inline]
+    fn tail_ref(&self, node: u32) -> (u32, u32) {
+        let i = node as usize;
+        (self.count[i] & !TAIL, self.first_child[i])
+    }
+
+    /// Occurrence count of any node (1 for a tail).
+    #[inline]
+    fn node_count(&self, node: u32) -> u32 {
+        let c = self.count[node as usize];
+        if c & TAIL != 0 {
+            1
+        } else {
+            c
+        }
     }
 
     fn step(&self, l: Locus, x: u32) -> Option<Locus> {
@@ -517,7 +532,7 @@ impl SuffixIndex {
         }
         let mut c = self.first_child[l.node as usize];
         while c != NIL {
-            let cnt = self.count[c as usize];
+            let cnt = self.node_count(c);
             if cnt >= min_count {
                 out.push((
                     cnt,
@@ -666,8 +681,8 @@ pub struct SuffixDrafter {
     cached: HashMap<i64, u32>,
 }
 
-/// Positions are `u32`: a request's context stays below `u32::MAX / 2` tokens. (Node ids are
-/// `u32` too; an index reaches 2^32 nodes only past ~200 GB of memory.)
+/// Positions are `u32` and counts share their word with the tail flag: an index holds at most
+/// `2^31 - 1` tokens. (Node ids are `u32` too; 2^32 nodes take over 100 GB.)
 const MAX_SEQ_TOKENS: usize = (u32::MAX / 2) as usize;
 
 fn check_len(n: usize) -> Result<()> {
@@ -689,10 +704,10 @@ fn unknown(arg: &'static str, id: i64) -> Error {
 
 impl SuffixDrafter {
     pub fn new(max_depth: i64, max_global_tokens: i64) -> Result<Self> {
-        if max_global_tokens < 0 {
+        if !(0..=MAX_SEQ_TOKENS as i64).contains(&max_global_tokens) {
             return Err(Error::value(
                 "max_global_tokens",
-                format!("must be >= 0, got {max_global_tokens}"),
+                format!("must be in [0, {MAX_SEQ_TOKENS}], got {max_global_tokens}"),
             ));
         }
         Ok(SuffixDrafter {
