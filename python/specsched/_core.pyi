@@ -9,9 +9,13 @@ __all__ = [
     "DRAFT_SUM_TOL",
     "MAX_BATCH_NODES",
     "MAX_NODES",
+    "MAX_TOKEN_ID",
     "AcceptanceStats",
     "BatchVerifyResult",
+    "Draft",
     "DynamicTreeBuilder",
+    "NgramDrafter",
+    "SuffixDrafter",
     "Tree",
     "TreeBatch",
     "VerifyResult",
@@ -41,6 +45,8 @@ __version__: str
 MAX_NODES: int
 MAX_BATCH_NODES: int
 DRAFT_SUM_TOL: float
+
+MAX_TOKEN_ID: int
 
 @final
 class Tree:
@@ -421,3 +427,105 @@ def sglang_verify_tree_greedy(
     target_predict: npt.ArrayLike,
 ) -> None:
     """sgl-kernel `verify_tree_greedy`: fills predicts, accept_index, accept_token_num."""
+
+@final
+class Draft:
+    """A suffix drafter's proposal: the tree, per-node path probabilities and its score."""
+
+    @property
+    def tree(self) -> Tree:
+        """The draft tree; node 0 is the last context token."""
+    @property
+    def probs(self) -> npt.NDArray[np.float64]:
+        """float64 [N]: path probability of each node under the frequency model (root 1)."""
+    @property
+    def score(self) -> float:
+        """Sum of the draft nodes' path probabilities (expected accepted length)."""
+    @property
+    def match_len(self) -> int:
+        """Length of the matched context suffix (0: no match)."""
+
+@final
+class SuffixDrafter:
+    """Suffix-trie tree drafter over request contexts and past responses (thread-safe)."""
+
+    def __new__(cls, max_depth: int = 64, max_global_tokens: int = ...) -> SuffixDrafter: ...
+    @property
+    def max_depth(self) -> int:
+        """Longest indexed string (match plus draft)."""
+    @property
+    def max_global_tokens(self) -> int:
+        """Token budget of the global response cache (FIFO eviction)."""
+    @property
+    def num_requests(self) -> int:
+        """Live requests."""
+    @property
+    def num_global_tokens(self) -> int:
+        """Tokens held by the global response cache."""
+    @property
+    def num_indexed_tokens(self) -> int:
+        """Tokens indexed over every live request and the global cache."""
+    @property
+    def memory_bytes(self) -> int:
+        """Heap bytes held by every index."""
+    @property
+    def cached_responses(self) -> list[int]:
+        """Request ids whose responses are cached, oldest first."""
+    def has_request(self, request_id: int) -> bool:
+        """Whether `request_id` is live."""
+    def start_request(self, request_id: int, prompt: npt.ArrayLike) -> None:
+        """Starts indexing a request with its prompt."""
+    def append(self, request_id: int, tokens: npt.ArrayLike) -> None:
+        """Appends committed tokens to a live request."""
+    def finish_request(self, request_id: int, cache: bool = True) -> None:
+        """Ends a request; its response enters the global cache when `cache`."""
+    def remove_response(self, request_id: int) -> None:
+        """Removes a cached response from the global cache."""
+    def propose(
+        self,
+        request_id: int,
+        budget: int,
+        min_prob: float = 0.1,
+        max_spec_factor: float = 1.0,
+        *,
+        chain: bool = False,
+        use_global: bool = True,
+    ) -> Draft:
+        """Best-first count-weighted draft tree for one request."""
+    def propose_batch(
+        self,
+        request_ids: npt.ArrayLike,
+        budgets: int | npt.ArrayLike,
+        min_prob: float = 0.1,
+        max_spec_factor: float = 1.0,
+        *,
+        chain: bool = False,
+        use_global: bool = True,
+    ) -> TreeBatch:
+        """Draft trees for many requests, in parallel with the GIL released."""
+
+@final
+class NgramDrafter:
+    """vLLM's n-gram (prompt-lookup) proposer: a chain after the longest earlier match."""
+
+    def __new__(
+        cls, min_n: int = 1, max_n: int = 4, k: int = 5, max_model_len: int = ...
+    ) -> NgramDrafter: ...
+    @property
+    def min_n(self) -> int:
+        """Shortest n-gram matched."""
+    @property
+    def max_n(self) -> int:
+        """Longest n-gram matched."""
+    @property
+    def k(self) -> int:
+        """Most tokens proposed."""
+    @property
+    def max_model_len(self) -> int:
+        """Context length limit (vLLM's max_model_len)."""
+    def propose_tokens(self, context: npt.ArrayLike) -> npt.NDArray[np.int64]:
+        """The draft tokens vLLM would propose (possibly none)."""
+    def propose(self, context: npt.ArrayLike) -> Tree:
+        """The proposal as a chain whose root is the last context token."""
+    def propose_batch(self, contexts: Any) -> TreeBatch:
+        """Chains for many contexts, in parallel with the GIL released."""

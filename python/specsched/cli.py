@@ -7,8 +7,10 @@ machine. The full comparison, with vectorized numpy/torch peers, is `pytest benc
 
 `specsched simulate` compares a chain and the best tree at the same verify budget (analytic
 and Monte Carlo, with wall-clock speed-ups); `specsched decide` recommends a speculation method
-for a workload profile. Both take `--json` and `--plot FILE.png` (needs matplotlib, the `plot`
-extra). Bad input exits with status 2 and a one-line message.
+for a workload profile; `specsched replay` compares model-free drafters (suffix tree, suffix
+chain, n-gram) on byte-level replays of the standard library's source. All take `--json`;
+simulate and decide also `--plot FILE.png` (needs matplotlib, the `plot` extra). Bad input
+exits with status 2 and a one-line message.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import numpy as np
 
 import specsched as ss
 from specsched import reference as ref
+from specsched._cli_replay import add_replay_parser, replay_command
 from specsched._cli_sim import (
     add_decide_parser,
     add_simulate_parser,
@@ -168,6 +171,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_bench.add_argument("--quick", action="store_true", help="small sizes, ~10 s")
     add_simulate_parser(sub)
     add_decide_parser(sub)
+    add_replay_parser(sub)
     args = parser.parse_args(argv)
     if args.command == "bench":
         return bench(args.quick)
@@ -176,6 +180,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return simulate_command(args)
         if args.command == "decide":
             return decide_command(args)
+        if args.command == "replay":
+            return replay_command(args)
     except (ValueError, TypeError, OSError) as e:
         print(f"specsched {args.command}: error: {e}", file=sys.stderr)
         return 2

@@ -22,6 +22,7 @@ are the validation oracles.
 
 from __future__ import annotations
 
+import heapq
 import itertools
 import math
 import operator
@@ -1445,3 +1446,152 @@ def acceptance_counts(
     t = [[trials.get((d, r), 0) for r in range(nr)] for d in range(nd)]
     h = [[hits.get((d, r), 0) for r in range(nr)] for d in range(nd)]
     return t, h
+
+
+# --- Model-free drafters (issue 7): n-gram prompt lookup and the suffix drafter ------------------
+
+
+def ngram_propose(
+    context: Sequence[int], min_n: int, max_n: int, k: int, max_model_len: int = 1 << 40
+) -> list[int]:
+    """vLLM's n-gram proposal, by its definition: every earlier start ``s`` gets ``l(s)``, the
+    largest ``l <= min(max_n, L-1-s)`` with ``context[s:s+l] == context[L-l:]``; the best start
+    maximizes ``l(s)`` (ties to the earliest); if ``l >= min_n`` propose the (at most
+    ``min(k, max_model_len - L)``) tokens that followed it."""
+    total = len(context)
+    if total < min_n or total >= max_model_len:
+        return []
+    best, best_s = 0, 0
+    for s in range(total - 1):
+        length = 0
+        for cand in range(min(max_n, total - 1 - s), 0, -1):
+            if list(context[s : s + cand]) == list(context[total - cand :]):
+                length = cand
+                break
+        if length > best:
+            best, best_s = length, s
+    if best < min_n:
+        return []
+    start = best_s + best
+    return list(context[start : min(start + min(k, max_model_len - total), total)])
+
+
+def _next_token_counts(seqs: Sequence[Sequence[int]], w: Sequence[int]) -> dict[int, int]:
+    """``{x: count(w + x)}`` over every occurrence of ``w`` in ``seqs``."""
+    n = len(w)
+    w = list(w)
+    out: dict[int, int] = {}
+    for s in seqs:
+        for i in range(len(s) - n):
+            if list(s[i : i + n]) == w:
+                x = s[i + n]
+                out[x] = out.get(x, 0) + 1
+    return out
+
+
+def suffix_propose(
+    seqs: Sequence[Sequence[int]],
+    context: Sequence[int],
+    budget: int,
+    min_prob: float,
+    max_spec_factor: float,
+    max_depth: int,
+    chain: bool = False,
+) -> tuple[list[int], list[int], list[float], float, int]:
+    """One index's proposal for ``context``, from the semantics in docs/api.md: the longest
+    context suffix (length <= min(max_depth - 1, max(1, max_depth - budget))) occurring with a
+    continuation, then best-first growth by ``count(path) / C``, ``C`` the number of
+    occurrences of the match followed by a token (ties to the earliest discovered; children
+    discovered by count descending, token ascending), pruning below ``min_prob`` and at depth
+    ``max_depth``, at most ``min(budget, floor(max_spec_factor * match_len))`` drafts.
+    Returns ``(parents, tokens, probs, score, match_len)``."""
+    n = len(context)
+    root = context[-1]
+    match = 0
+    max_match = min(max_depth - 1, max(1, max_depth - budget))
+    for m in range(min(n, max_match), 0, -1):
+        if _next_token_counts(seqs, context[n - m :]):
+            match = m
+            break
+    parents, tokens, probs, score = [-1], [root], [1.0], 0.0
+    if match == 0:
+        return parents, tokens, probs, score, 0
+    limit = min(budget, math.floor(max_spec_factor * match))
+    base = list(context[n - match :])
+    c0 = sum(_next_token_counts(seqs, base).values())
+    heap: list[tuple[int, int, list[int], int, int]] = []
+    order = 0
+
+    def push(path: list[int], parent: int) -> None:
+        nonlocal order
+        if len(path) >= max_depth:
+            return
+        kids = sorted(_next_token_counts(seqs, path).items(), key=lambda kv: (-kv[1], kv[0]))
+        for tok, cnt in kids:
+            if cnt / c0 >= min_prob:
+                heapq.heappush(heap, (-cnt, order, [*path, tok], parent, tok))
+                order += 1
+                if chain:
+                    break
+
+    if limit > 0:
+        push(base, 0)
+    while len(parents) <= limit and heap:
+        neg, _, path, parent, tok = heapq.heappop(heap)
+        idx = len(parents)
+        prob = -neg / c0
+        parents.append(parent)
+        tokens.append(tok)
+        probs.append(prob)
+        score += prob
+        if len(parents) <= limit:
+            push(path, idx)
+    return parents, tokens, probs, score, match
+
+
+class ReferenceSuffixDrafter:
+    """Plain-Python twin of ``ss.SuffixDrafter``: it stores the token lists and counts every
+    occurrence by brute force on each proposal. Responses (tokens after the prompt) enter the
+    global cache on ``finish_request``; the oldest are evicted while it holds more than
+    ``max_global_tokens`` tokens."""
+
+    def __init__(self, max_depth: int = 64, max_global_tokens: int = 1 << 22) -> None:
+        self.max_depth = max_depth
+        self.max_global_tokens = max_global_tokens
+        self.requests: dict[int, tuple[list[int], int]] = {}
+        self.responses: dict[int, list[int]] = {}  # insertion order = FIFO order
+
+    def start_request(self, request_id: int, prompt: Sequence[int]) -> None:
+        self.requests[request_id] = (list(prompt), len(prompt))
+
+    def append(self, request_id: int, tokens: Sequence[int]) -> None:
+        self.requests[request_id][0].extend(tokens)
+
+    def finish_request(self, request_id: int, cache: bool = True) -> None:
+        toks, plen = self.requests.pop(request_id)
+        response = toks[plen:]
+        if cache and response and self.max_global_tokens > 0:
+            self.responses.pop(request_id, None)
+            self.responses[request_id] = response
+            while sum(map(len, self.responses.values())) > self.max_global_tokens:
+                del self.responses[next(iter(self.responses))]
+
+    def remove_response(self, request_id: int) -> None:
+        del self.responses[request_id]
+
+    def propose(
+        self,
+        request_id: int,
+        budget: int,
+        min_prob: float = 0.1,
+        max_spec_factor: float = 1.0,
+        chain: bool = False,
+        use_global: bool = True,
+    ) -> tuple[list[int], list[int], list[float], float, int]:
+        ctx = self.requests[request_id][0]
+        args = (budget, min_prob, max_spec_factor, self.max_depth, chain)
+        own = suffix_propose([ctx], ctx, *args)
+        if not use_global or not self.responses:
+            return own
+        glob = suffix_propose(list(self.responses.values()), ctx, *args)
+        return glob if glob[3] > own[3] else own

@@ -37,6 +37,7 @@ from specsched._core import AcceptanceStats, Tree, TreeBatch
 __all__ = [
     "Acceptance",
     "CostModel",
+    "ReplayResult",
     "SimResult",
     "best_tree",
     "chain_tree",
@@ -44,8 +45,10 @@ __all__ = [
     "expected_tokens_chain",
     "measure_host_overhead",
     "path_probabilities",
+    "replay",
     "simulate",
     "speedup",
+    "stdlib_workload",
 ]
 
 Kind = Literal["iid", "per_depth", "per_rank", "table"]
@@ -387,3 +390,7 @@ def measure_host_overhead(
         step()
         times.append(time.perf_counter() - t0)
     return statistics.median(times) * 1e3
+
+
+# Replay of model-free drafters on recorded text (issue 7); defined in specsched._replay.
+from specsched._replay import ReplayResult, replay, stdlib_workload  # noqa: E402

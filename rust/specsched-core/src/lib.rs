@@ -6,6 +6,7 @@
 //! [`select`]; [`kv`] turns the accepted path into KV-cache moves. Nothing here knows Python:
 //! inputs are slices and ndarray views, outputs are written into caller-provided buffers.
 
+pub mod draft;
 pub mod error;
 pub mod kv;
 pub mod layout;

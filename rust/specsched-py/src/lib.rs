@@ -5,6 +5,7 @@ use pyo3::prelude::*;
 
 mod build;
 mod convert;
+mod draft;
 mod kv;
 mod ndconv;
 mod sglang;
@@ -40,6 +41,10 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(sglang::sglang_organize, m)?)?;
     m.add_function(wrap_pyfunction!(sglang::sglang_build_tree, m)?)?;
     m.add_function(wrap_pyfunction!(sglang::sglang_verify_tree_greedy, m)?)?;
+    m.add_class::<draft::PySuffixDrafter>()?;
+    m.add_class::<draft::PyNgramDrafter>()?;
+    m.add_class::<draft::PyDraft>()?;
+    m.add("MAX_TOKEN_ID", specsched_core::draft::MAX_TOKEN_ID)?;
     m.add("MAX_NODES", specsched_core::tree::MAX_NODES)?;
     m.add("MAX_BATCH_NODES", specsched_core::tree::MAX_BATCH_NODES)?;
     m.add("DRAFT_SUM_TOL", specsched_core::select::DRAFT_SUM_TOL)?;

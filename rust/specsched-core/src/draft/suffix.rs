@@ -1,0 +1,1008 @@
+//! SuffixDecoding-class tree drafter: count-weighted suffix tries over each request's context
+//! and over past responses.
+//!
+//! **Semantics.** An index holds token sequences and, for every string `w` of length at most
+//! `max_depth`, its occurrence count `count(w)` (start positions `i` of any stored sequence with
+//! `seq[i..i+|w|] == w`). To propose for a context `c`, the *match* is the longest suffix
+//! `m = c[L-len..]`, `1 <= len <= min(max_depth - 1, max(1, max_depth - budget))` (room is
+//! left under the depth bound for a full-budget chain), that occurs followed by at least one token
+//! (`count(m x) > 0` for some `x`). From `m`, candidates are grown best-first by path
+//! probability `count(m p) / C` with `C = sum_x count(m x)` (the occurrences of `m` that
+//! continue; below the match it is the product of `count(child) / count(parent)`), ties to the candidate discovered first, a node's children being discovered in
+//! (count descending, token ascending) order; a candidate is kept only if its path probability
+//! is `>= min_prob` and `|m p| <= max_depth`. At most `min(budget, floor(max_spec_factor * len))`
+//! draft nodes are taken (`chain` mode follows only each node's first child). The score is the
+//! sum of the draft nodes' path probabilities: the expected accepted length under the frequency
+//! model. The per-request index (prompt + generated tokens) and the global index (past responses)
+//! each propose; the higher score wins, ties to the request's own index.
+//!
+//! **Structure, and why.** A depth-bounded suffix *trie* whose unique tails are compressed: a
+//! string that occurs exactly once is not materialized; its parent holds one *tail* node that
+//! names the occurrence `(sequence, start)` and stands for the whole count-1 chain below it (up
+//! to `max_depth` or the end of that sequence). Materialized nodes are found by one hash probe
+//! `(node, token) -> child` and enumerated through sibling links. Each sequence keeps the *active
+//! suffixes* still inside materialized nodes (at most `max_depth`); appending a token advances
+//! each of them by one probe and retires a suffix as soon as it creates its own tail, so text that
+//! repeats nothing costs about one probe per token, and a repeated string costs one node per
+//! (repeated substring, length). Counts stay exact at every node, so a proposal reads counts
+//! directly and the per-request match is the deepest active suffix (no search). The alternatives
+//! weighed: a suffix automaton is smaller on repetitive text but cannot forget (the global index
+//! must evict) and needs end-position counts propagated along suffix links (O(n) per token on
+//! periodic text); a fully path-compressed suffix tree (SuffixDecoding's) saves the materialized
+//! chains of repeated text but needs edge splits with pending counts and re-labelling of edges
+//! whose label points into an evicted sequence. The measured cost of this choice is memory on
+//! highly repetitive text (see benches/test_drafters.py and docs/api.md).
+//!
+//! **Cost.** Append: O(active) hash probes per token, active <= max_depth. Eviction of a
+//! sequence of n tokens: O(n * max_depth) probes. Propose: per-request match O(max_depth);
+//! global match O(max_depth^2) probes worst case; expansion O(budget * children log).
+
+use std::cmp::Ordering;
+use std::collections::hash_map::Entry;
+use std::collections::{BinaryHeap, HashMap, VecDeque};
+use std::hash::{BuildHasherDefault, Hasher};
+
+use rayon::prelude::*;
+
+use super::check_tokens;
+use crate::error::{Error, Result};
+
+const NIL: u32 = u32::MAX;
+const ROOT: u32 = 0;
+/// Marks a tail node in `count` (materialized counts stay below 2^31: one per indexed token).
+const TAIL: u32 = 1 << 31;
+
+/// Largest `max_depth` accepted.
+pub const MAX_DEPTH_LIMIT: i64 = 4096;
+
+/// A multiplicative hasher for the `(node, token)` keys: the keys are not adversarial (token
+/// ids and arena indices), and SipHash would dominate the append cost. The two `u32` writes
+/// are packed into one word, mixed once in `finish`.
+#[derive(Default, Clone, Copy)]
+pub struct KeyHasher(u64);
+
+impl Hasher for KeyHasher {
+    #[inline]
+    fn finish(&self) -> u64 {
+        let mut h = self.0.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        h ^= h >> 29;
+        h = h.wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        h ^ (h >> 32)
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.write_u32(b as u32);
+        }
+    }
+    #[inline]
+    fn write_u32(&mut self, x: u32) {
+        self.0 = self.0.rotate_left(32) ^ x as u64;
+    }
+}
+
+/// `(node, token) -> child`: 12-byte slots (a `u64` key would pad them to 16).
+type Lookup = HashMap<(u32, u32), u32, BuildHasherDefault<KeyHasher>>;
+
+#[inline]
+fn key(node: u32, token: u32) -> (u32, u32) {
+    (node, token)
+}
+
+#[derive(Debug, Default, Clone)]
+struct Seq {
+    tokens: Vec<u32>,
+    /// (start, node) of the suffixes still inside materialized nodes, deepest first.
+    active: Vec<(u32, u32)>,
+}
+
+/// A position in the trie: a materialized node at its own depth, or a point at `depth` inside
+/// the count-1 chain a tail node stands for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Locus {
+    node: u32,
+    depth: u32,
+}
+
+/// One suffix trie over a set of token sequences.
+#[derive(Debug, Clone)]
+pub struct SuffixIndex {
+    max_depth: u32,
+    /// Occurrence count of a materialized node; for a tail node (count 1 by definition),
+    /// `TAIL | sequence` of the occurrence it stands for.
+    count: Vec<u32>,
+    token: Vec<u32>,
+    /// First child of a materialized node (`NIL`: none); for a tail node, the start of its
+    /// occurrence (a tail has no children).
+    first_child: Vec<u32>,
+    next_sib: Vec<u32>,
+    lookup: Lookup,
+    free_nodes: Vec<u32>,
+    seqs: Vec<Option<Seq>>,
+    free_seqs: Vec<u32>,
+    num_tokens: usize,
+}
+
+/// A proposal: a tree (root = last context token) in node order, parents before children.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Proposal {
+    pub parents: Vec<i32>,
+    pub tokens: Vec<i64>,
+    /// Path probability of each node (1 for the root).
+    pub probs: Vec<f64>,
+    pub score: f64,
+    pub match_len: usize,
+}
+
+impl Proposal {
+    fn root_only(root: u32) -> Self {
+        Proposal {
+            parents: vec![-1],
+            tokens: vec![root as i64],
+            probs: vec![1.0],
+            score: 0.0,
+            match_len: 0,
+        }
+    }
+}
+
+/// Options of one proposal.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ProposeOptions {
+    pub budget: usize,
+    pub min_prob: f64,
+    pub max_spec_factor: f64,
+    pub chain: bool,
+}
+
+impl ProposeOptions {
+    pub fn new(budget: i64, min_prob: f64, max_spec_factor: f64, chain: bool) -> Result<Self> {
+        if budget <= 0 {
+            return Err(Error::value(
+                "budget",
+                format!("must be >= 1, got {budget}"),
+            ));
+        }
+        if !(min_prob > 0.0 && min_prob <= 1.0) {
+            return Err(Error::value(
+                "min_prob",
+                format!("must be in (0, 1], got {min_prob}"),
+            ));
+        }
+        if !(max_spec_factor.is_finite() && max_spec_factor >= 0.0) {
+            return Err(Error::value(
+                "max_spec_factor",
+                format!("must be finite and >= 0, got {max_spec_factor}"),
+            ));
+        }
+        Ok(ProposeOptions {
+            budget: budget.min(crate::tree::MAX_NODES as i64 - 1) as usize,
+            min_prob,
+            max_spec_factor,
+            chain,
+        })
+    }
+}
+
+/// A candidate of the best-first search: higher count first, then earlier discovery.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Cand {
+    count: u32,
+    order: u64,
+    locus: Locus,
+    parent: i32,
+    token: u32,
+}
+
+impl Ord for Cand {
+    fn cmp(&self, o: &Self) -> Ordering {
+        self.count
+            .cmp(&o.count)
+            .then_with(|| o.order.cmp(&self.order))
+    }
+}
+
+impl PartialOrd for Cand {
+    fn partial_cmp(&self, o: &Self) -> Option<Ordering> {
+        Some(self.cmp(o))
+    }
+}
+
+impl SuffixIndex {
+    pub fn new(max_depth: i64) -> Result<Self> {
+        if !(1..=MAX_DEPTH_LIMIT).contains(&max_depth) {
+            return Err(Error::value(
+                "max_depth",
+                format!("must be in [1, {MAX_DEPTH_LIMIT}], got {max_depth}"),
+            ));
+        }
+        Ok(SuffixIndex {
+            max_depth: max_depth as u32,
+            count: vec![0],
+            token: vec![NIL],
+            first_child: vec![NIL],
+            next_sib: vec![NIL],
+            lookup: Lookup::default(),
+            free_nodes: Vec::new(),
+            seqs: Vec::new(),
+            free_seqs: Vec::new(),
+            num_tokens: 0,
+        })
+    }
+
+    pub fn max_depth(&self) -> usize {
+        self.max_depth as usize
+    }
+
+    /// Tokens indexed over all sequences.
+    pub fn num_tokens(&self) -> usize {
+        self.num_tokens
+    }
+
+    /// Live trie nodes (root included).
+    pub fn num_nodes(&self) -> usize {
+        self.count.len() - self.free_nodes.len()
+    }
+
+    /// Heap bytes held (arena, hash table, sequences), by capacity.
+    pub fn memory_bytes(&self) -> usize {
+        let arena = self.count.capacity() * 4 * 4 + self.free_nodes.capacity() * 4;
+        // hashbrown: a power-of-two bucket count, at most 7/8 full; a 12-byte slot and one
+        // control byte per bucket.
+        let cap = self.lookup.capacity();
+        let buckets = if cap == 0 {
+            0
+        } else {
+            (cap * 8 / 7).next_power_of_two()
+        };
+        let table = buckets * 13;
+        let seqs: usize = self
+            .seqs
+            .iter()
+            .flatten()
+            .map(|s| s.tokens.capacity() * 4 + s.active.capacity() * 8)
+            .sum();
+        arena + table + seqs + self.seqs.capacity() * std::mem::size_of::<Option<Seq>>()
+    }
+
+    pub fn seq_tokens(&self, seq: u32) -> &[u32] {
+        &self.seqs[seq as usize]
+            .as_ref()
+            .expect("live sequence")
+            .tokens
+    }
+
+    /// Opens an empty sequence and returns its id.
+    pub fn add_seq(&mut self) -> u32 {
+        let seq = Seq::default();
+        match self.free_seqs.pop() {
+            Some(id) => {
+                self.seqs[id as usize] = Some(seq);
+                id
+            }
+            None => {
+                self.seqs.push(Some(seq));
+                (self.seqs.len() - 1) as u32
+            }
+        }
+    }
+
+    fn new_tail(&mut self, parent: u32, token: u32, tail: (u32, u32)) -> u32 {
+        let id = self.link_tail(parent, token, tail);
+        self.lookup.insert(key(parent, token), id);
+        id
+    }
+
+    /// The id the next allocated node gets.
+    #[inline]
+    fn next_id(free_nodes: &[u32], len: usize) -> u32 {
+        free_nodes.last().copied().unwrap_or(len as u32)
+    }
+
+    /// Allocates a tail node for occurrence `(seq, start)` and links it under `parent`,
+    /// without indexing it in `lookup`. (Every node is born a tail; materialization turns
+    /// tails into counted nodes.)
+    fn link_tail(&mut self, parent: u32, token: u32, (seq, start): (u32, u32)) -> u32 {
+        debug_assert!(seq < TAIL);
+        let first = self.first_child[parent as usize];
+        let id = match self.free_nodes.pop() {
+            Some(id) => {
+                let i = id as usize;
+                self.count[i] = TAIL | seq;
+                self.token[i] = token;
+                self.first_child[i] = start;
+                self.next_sib[i] = first;
+                id
+            }
+            None => {
+                self.count.push(TAIL | seq);
+                self.token.push(token);
+                self.first_child.push(start);
+                self.next_sib.push(first);
+                (self.count.len() - 1) as u32
+            }
+        };
+        self.first_child[parent as usize] = id;
+        id
+    }
+
+    fn remove_node(&mut self, parent: u32, node: u32) {
+        let i = node as usize;
+        debug_assert!(self.is_tail(node) || self.first_child[i] == NIL);
+        self.lookup.remove(&key(parent, self.token[i]));
+        // Singly linked siblings: find the predecessor (removal happens only on eviction).
+        let next = self.next_sib[i];
+        let mut c = self.first_child[parent as usize];
+        if c == node {
+            self.first_child[parent as usize] = next;
+        } else {
+            while self.next_sib[c as usize] != node {
+                c = self.next_sib[c as usize];
+            }
+            self.next_sib[c as usize] = next;
+        }
+        self.count[i] = 0;
+        self.first_child[i] = NIL;
+        self.free_nodes.push(node);
+    }
+
+    /// Appends already checked tokens to sequence `seq`.
+    pub fn append(&mut self, seq: u32, tokens: &[u32]) {
+        let s = seq as usize;
+        let mut active = std::mem::take(&mut self.seqs[s].as_mut().expect("live sequence").active);
+        // Reserve up front: one tail per token at most, and materializations beside.
+        self.lookup.reserve(tokens.len());
+        for &t in tokens {
+            let n = {
+                let sq = self.seqs[s].as_mut().expect("live sequence");
+                sq.tokens.push(t);
+                (sq.tokens.len() - 1) as u32
+            };
+            self.num_tokens += 1;
+            self.count[ROOT as usize] += 1;
+            active.push((n, ROOT));
+            let mut kept = 0;
+            for r in 0..active.len() {
+                let (j, u) = active[r];
+                // u is at depth d before t.
+                let d = n - j;
+                // One probe: a vacant slot is filled with the id the new node will get.
+                let found = match self.lookup.entry(key(u, t)) {
+                    Entry::Occupied(o) => Some(*o.get()),
+                    Entry::Vacant(e) => {
+                        e.insert(Self::next_id(&self.free_nodes, self.count.len()));
+                        None
+                    }
+                };
+                match found {
+                    None => {
+                        // First occurrence of this string: j's own tail; j retires.
+                        let id = self.link_tail(u, t, (seq, j));
+                        debug_assert_eq!(self.lookup[&key(u, t)], id);
+                    }
+                    Some(v) => {
+                        let vi = v as usize;
+                        if self.is_tail(v) {
+                            // A second occurrence: materialize v, re-hang the tail one deeper.
+                            let (ts, tk) = self.tail_ref(v);
+                            self.first_child[vi] = NIL;
+                            self.count[vi] = 2;
+                            if d + 1 < self.max_depth {
+                                let other = self.seq_tokens(ts);
+                                let idx = (tk + d + 1) as usize;
+                                if idx < other.len() {
+                                    let x = other[idx];
+                                    self.new_tail(v, x, (ts, tk));
+                                }
+                            }
+                        } else {
+                            self.count[vi] += 1;
+                        }
+                        if d + 1 < self.max_depth {
+                            active[kept] = (j, v);
+                            kept += 1;
+                        }
+                    }
+                }
+            }
+            active.truncate(kept);
+        }
+        self.seqs[s].as_mut().expect("live sequence").active = active;
+    }
+
+    /// Stops tracking the active suffixes of `seq` (it will not grow any more).
+    pub fn seal(&mut self, seq: u32) {
+        let sq = self.seqs[seq as usize].as_mut().expect("live sequence");
+        sq.active = Vec::new();
+    }
+
+    /// Removes sequence `seq` and every occurrence it contributed.
+    pub fn remove_seq(&mut self, seq: u32) {
+        let sq = self.seqs[seq as usize].take().expect("live sequence");
+        let toks = sq.tokens;
+        let d = self.max_depth as usize;
+        let mut path: Vec<(u32, u32)> = Vec::with_capacity(d);
+        for j in 0..toks.len() {
+            path.clear();
+            self.count[ROOT as usize] -= 1;
+            let mut v = ROOT;
+            for &x in &toks[j..toks.len().min(j + d)] {
+                let c = self.lookup[&key(v, x)];
+                if self.is_tail(c) {
+                    debug_assert_eq!(self.tail_ref(c), (seq, j as u32));
+                    self.remove_node(v, c);
+                    break;
+                }
+                self.count[c as usize] -= 1;
+                path.push((v, c));
+                v = c;
+            }
+            for &(p, c) in path.iter().rev() {
+                if self.count[c as usize] == 0 {
+                    self.remove_node(p, c);
+                }
+            }
+        }
+        self.num_tokens -= toks.len();
+        self.free_seqs.push(seq);
+    }
+
+    #[cfg(test)]
+    fn locus_count(&self, l: Locus) -> u32 {
+        self.node_count(l.node)
+    }
+
+    /// The single continuation token of a point inside a tail chain, if any.
+    #[inline]
+    fn tail_next(&self, l: Locus) -> Option<u32> {
+        if l.depth >= self.max_depth {
+            return None;
+        }
+        let (seq, start) = self.tail_ref(l.node);
+        self.seq_tokens(seq)
+            .get((start + l.depth) as usize)
+            .copied()
+    }
+
+    #[inline]
+    fn is_tail(&self, node: u32) -> bool {
+        self.count[node as usize] & TAIL != 0
+    }
+
+    /// The occurrence `(sequence, start)` a tail node stands for.
+    #[inline]
+    fn tail_ref(&self, node: u32) -> (u32, u32) {
+        let i = node as usize;
+        (self.count[i] & !TAIL, self.first_child[i])
+    }
+
+    /// Occurrence count of any node (1 for a tail).
+    #[inline]
+    fn node_count(&self, node: u32) -> u32 {
+        let c = self.count[node as usize];
+        if c & TAIL != 0 {
+            1
+        } else {
+            c
+        }
+    }
+
+    fn step(&self, l: Locus, x: u32) -> Option<Locus> {
+        if self.is_tail(l.node) {
+            (self.tail_next(l) == Some(x)).then_some(Locus {
+                node: l.node,
+                depth: l.depth + 1,
+            })
+        } else {
+            self.lookup.get(&key(l.node, x)).map(|&c| Locus {
+                node: c,
+                depth: l.depth + 1,
+            })
+        }
+    }
+
+    fn has_continuation(&self, l: Locus) -> bool {
+        if self.is_tail(l.node) {
+            self.tail_next(l).is_some()
+        } else {
+            l.depth < self.max_depth && self.first_child[l.node as usize] != NIL
+        }
+    }
+
+    /// Children of `l` with count >= `min_count`, as (count, token, locus), in (count
+    /// descending, token ascending) order.
+    fn children(&self, l: Locus, min_count: u32, out: &mut Vec<(u32, u32, Locus)>) {
+        out.clear();
+        if self.is_tail(l.node) {
+            if let Some(x) = self.tail_next(l) {
+                if 1 >= min_count {
+                    out.push((
+                        1,
+                        x,
+                        Locus {
+                            node: l.node,
+                            depth: l.depth + 1,
+                        },
+                    ));
+                }
+            }
+            return;
+        }
+        if l.depth >= self.max_depth {
+            return;
+        }
+        let mut c = self.first_child[l.node as usize];
+        while c != NIL {
+            let cnt = self.node_count(c);
+            if cnt >= min_count {
+                out.push((
+                    cnt,
+                    self.token[c as usize],
+                    Locus {
+                        node: c,
+                        depth: l.depth + 1,
+                    },
+                ));
+            }
+            c = self.next_sib[c as usize];
+        }
+        out.sort_unstable_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
+    }
+
+    /// The longest suffix of `context` (length <= max_depth - 1) that occurs with a
+    /// continuation, found by walking from the root.
+    fn find_match(&self, context: &[u32], max_match: usize) -> Option<(Locus, usize)> {
+        let n = context.len();
+        let longest = n.min(max_match);
+        for len in (1..=longest).rev() {
+            let mut l = Locus {
+                node: ROOT,
+                depth: 0,
+            };
+            let mut ok = true;
+            for &x in &context[n - len..] {
+                match self.step(l, x) {
+                    Some(next) => l = next,
+                    None => {
+                        ok = false;
+                        break;
+                    }
+                }
+            }
+            if ok && self.has_continuation(l) {
+                return Some((l, len));
+            }
+        }
+        None
+    }
+
+    /// The deepest active suffix of `seq` with a continuation: the match of the sequence's own
+    /// context in its own index, read off without a search.
+    fn own_match(&self, seq: u32, max_match: usize) -> Option<(Locus, usize)> {
+        let sq = self.seqs[seq as usize].as_ref().expect("live sequence");
+        let n = sq.tokens.len() as u32;
+        sq.active.iter().find_map(|&(j, node)| {
+            let l = Locus { node, depth: n - j };
+            (l.depth as usize <= max_match && self.has_continuation(l))
+                .then_some((l, l.depth as usize))
+        })
+    }
+
+    /// Longest match considered: `max_depth - budget` (at least 1, at most `max_depth - 1`),
+    /// so that a full-budget chain still fits under the depth bound.
+    fn max_match(&self, opt: &ProposeOptions) -> usize {
+        let d = self.max_depth as usize;
+        (d - 1).min(d.saturating_sub(opt.budget).max(1))
+    }
+
+    /// Best-first expansion from the match `m` of length `match_len`.
+    fn expand(&self, root: u32, m: Locus, match_len: usize, opt: &ProposeOptions) -> Proposal {
+        let mut p = Proposal::root_only(root);
+        p.match_len = match_len;
+        let limit = opt
+            .budget
+            .min((opt.max_spec_factor * match_len as f64).floor() as usize);
+        let mut kids = Vec::new();
+        // The match's own occurrence at the end of a context has no continuation: normalize
+        // by the occurrences that continue, so the children's probabilities sum to 1.
+        self.children(m, 1, &mut kids);
+        let c0 = kids.iter().map(|k| k.0 as f64).sum::<f64>();
+        let keep = |cnt: u32| cnt as f64 / c0 >= opt.min_prob;
+        let mut heap: BinaryHeap<Cand> = BinaryHeap::new();
+        let mut order = 0u64;
+        let mut push_children = |heap: &mut BinaryHeap<Cand>, l: Locus, parent: i32| {
+            self.children(l, 1, &mut kids);
+            for &(cnt, tok, loc) in kids.iter().filter(|k| keep(k.0)) {
+                heap.push(Cand {
+                    count: cnt,
+                    order,
+                    locus: loc,
+                    parent,
+                    token: tok,
+                });
+                order += 1;
+                if opt.chain {
+                    break;
+                }
+            }
+        };
+        if limit > 0 {
+            push_children(&mut heap, m, 0);
+        }
+        while p.parents.len() <= limit {
+            let Some(c) = heap.pop() else { break };
+            let idx = p.parents.len() as i32;
+            let prob = c.count as f64 / c0;
+            p.parents.push(c.parent);
+            p.tokens.push(c.token as i64);
+            p.probs.push(prob);
+            p.score += prob;
+            if p.parents.len() <= limit {
+                push_children(&mut heap, c.locus, idx);
+            }
+        }
+        p
+    }
+
+    /// Proposal from this index for `context` (a non-empty token list).
+    pub fn propose_for(&self, context: &[u32], opt: &ProposeOptions) -> Proposal {
+        let root = *context.last().expect("non-empty context");
+        match self.find_match(context, self.max_match(opt)) {
+            Some((m, len)) => self.expand(root, m, len, opt),
+            None => Proposal::root_only(root),
+        }
+    }
+
+    /// Proposal from this index for sequence `seq`'s own context.
+    pub fn propose_own(&self, seq: u32, opt: &ProposeOptions) -> Proposal {
+        let toks = self.seq_tokens(seq);
+        let root = *toks.last().expect("non-empty context");
+        match self.own_match(seq, self.max_match(opt)) {
+            Some((m, len)) => self.expand(root, m, len, opt),
+            None => Proposal::root_only(root),
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+struct Request {
+    index: SuffixIndex,
+    prompt_len: usize,
+}
+
+/// The drafter: one index per live request, one global index over finished responses.
+#[derive(Debug, Clone)]
+pub struct SuffixDrafter {
+    max_depth: i64,
+    max_global_tokens: usize,
+    requests: HashMap<i64, Request>,
+    global: SuffixIndex,
+    /// Cached responses, oldest first: (request id, sequence id in `global`).
+    fifo: VecDeque<(i64, u32)>,
+    cached: HashMap<i64, u32>,
+}
+
+/// Positions are `u32` and counts share their word with the tail flag: an index holds at most
+/// `2^31 - 1` tokens. (Node ids are `u32` too; 2^32 nodes take over 100 GB.)
+const MAX_SEQ_TOKENS: usize = (u32::MAX / 2) as usize;
+
+fn check_len(n: usize) -> Result<()> {
+    if n > MAX_SEQ_TOKENS {
+        return Err(Error::value(
+            "tokens",
+            format!("a request's context would hold {n} tokens, more than {MAX_SEQ_TOKENS}"),
+        ));
+    }
+    Ok(())
+}
+
+fn unknown(arg: &'static str, id: i64) -> Error {
+    Error::value(
+        arg,
+        format!("unknown request id {id} (never started, or already finished / removed)"),
+    )
+}
+
+impl SuffixDrafter {
+    pub fn new(max_depth: i64, max_global_tokens: i64) -> Result<Self> {
+        if !(0..=MAX_SEQ_TOKENS as i64).contains(&max_global_tokens) {
+            return Err(Error::value(
+                "max_global_tokens",
+                format!("must be in [0, {MAX_SEQ_TOKENS}], got {max_global_tokens}"),
+            ));
+        }
+        Ok(SuffixDrafter {
+            max_depth,
+            max_global_tokens: max_global_tokens as usize,
+            requests: HashMap::new(),
+            global: SuffixIndex::new(max_depth)?,
+            fifo: VecDeque::new(),
+            cached: HashMap::new(),
+        })
+    }
+
+    pub fn max_depth(&self) -> usize {
+        self.global.max_depth()
+    }
+
+    pub fn max_global_tokens(&self) -> usize {
+        self.max_global_tokens
+    }
+
+    pub fn has_request(&self, id: i64) -> bool {
+        self.requests.contains_key(&id)
+    }
+
+    pub fn num_requests(&self) -> usize {
+        self.requests.len()
+    }
+
+    /// Request ids whose responses are in the global index, oldest first.
+    pub fn cached_responses(&self) -> Vec<i64> {
+        self.fifo.iter().map(|&(id, _)| id).collect()
+    }
+
+    pub fn num_global_tokens(&self) -> usize {
+        self.global.num_tokens()
+    }
+
+    /// Tokens indexed over every live request and the global index.
+    pub fn num_indexed_tokens(&self) -> usize {
+        self.global.num_tokens()
+            + self
+                .requests
+                .values()
+                .map(|r| r.index.num_tokens())
+                .sum::<usize>()
+    }
+
+    pub fn memory_bytes(&self) -> usize {
+        self.global.memory_bytes()
+            + self
+                .requests
+                .values()
+                .map(|r| r.index.memory_bytes())
+                .sum::<usize>()
+    }
+
+    /// Starts indexing request `id` with its prompt.
+    pub fn start_request(&mut self, id: i64, prompt: &[i64]) -> Result<()> {
+        let prompt = check_tokens("prompt", prompt)?;
+        check_len(prompt.len())?;
+        if self.requests.contains_key(&id) {
+            return Err(Error::value(
+                "request_id",
+                format!("request id {id} is already started"),
+            ));
+        }
+        let mut index = SuffixIndex::new(self.max_depth)?;
+        let seq = index.add_seq();
+        debug_assert_eq!(seq, 0);
+        index.append(seq, &prompt);
+        self.requests.insert(
+            id,
+            Request {
+                index,
+                prompt_len: prompt.len(),
+            },
+        );
+        Ok(())
+    }
+
+    /// Appends committed tokens to request `id`.
+    pub fn append(&mut self, id: i64, tokens: &[i64]) -> Result<()> {
+        let tokens = check_tokens("tokens", tokens)?;
+        let r = self
+            .requests
+            .get_mut(&id)
+            .ok_or_else(|| unknown("request_id", id))?;
+        check_len(r.index.num_tokens() + tokens.len())?;
+        r.index.append(0, &tokens);
+        Ok(())
+    }
+
+    /// Ends request `id`; its response (the tokens after the prompt) enters the global index
+    /// when `cache`, then the oldest responses are evicted while the global index holds more
+    /// than `max_global_tokens` tokens (this one included, if it alone is over).
+    pub fn finish_request(&mut self, id: i64, cache: bool) -> Result<()> {
+        let r = self
+            .requests
+            .remove(&id)
+            .ok_or_else(|| unknown("request_id", id))?;
+        let response = &r.index.seq_tokens(0)[r.prompt_len..];
+        if cache && !response.is_empty() && self.max_global_tokens > 0 {
+            if let Some(old) = self.cached.remove(&id) {
+                self.fifo.retain(|&(rid, _)| rid != id);
+                self.global.remove_seq(old);
+            }
+            let seq = self.global.add_seq();
+            self.global.append(seq, response);
+            self.global.seal(seq);
+            self.fifo.push_back((id, seq));
+            self.cached.insert(id, seq);
+            while self.global.num_tokens() > self.max_global_tokens {
+                let (rid, seq) = self.fifo.pop_front().expect("non-empty while over budget");
+                self.cached.remove(&rid);
+                self.global.remove_seq(seq);
+            }
+        }
+        Ok(())
+    }
+
+    /// Removes request `id`'s response from the global index.
+    pub fn remove_response(&mut self, id: i64) -> Result<()> {
+        match self.cached.entry(id) {
+            Entry::Occupied(e) => {
+                let seq = e.remove();
+                self.fifo.retain(|&(rid, _)| rid != id);
+                self.global.remove_seq(seq);
+                Ok(())
+            }
+            Entry::Vacant(_) => Err(Error::value(
+                "request_id",
+                format!("no cached response for request id {id}"),
+            )),
+        }
+    }
+
+    fn check_request(&self, id: i64) -> Result<&Request> {
+        let r = self
+            .requests
+            .get(&id)
+            .ok_or_else(|| unknown("request_ids", id))?;
+        if r.index.num_tokens() == 0 {
+            return Err(Error::value(
+                "request_id",
+                format!("request id {id} has an empty context: nothing to match"),
+            ));
+        }
+        Ok(r)
+    }
+
+    fn propose_checked(&self, r: &Request, opt: &ProposeOptions, use_global: bool) -> Proposal {
+        let own = r.index.propose_own(0, opt);
+        if !use_global || self.global.num_tokens() == 0 {
+            return own;
+        }
+        let glob = self.global.propose_for(r.index.seq_tokens(0), opt);
+        if glob.score > own.score {
+            glob
+        } else {
+            own
+        }
+    }
+
+    pub fn propose(&self, id: i64, opt: &ProposeOptions, use_global: bool) -> Result<Proposal> {
+        let r = self.check_request(id)?;
+        Ok(self.propose_checked(r, opt, use_global))
+    }
+
+    /// Proposals for many requests in parallel; `opts[i]` goes with `ids[i]`.
+    pub fn propose_batch(
+        &self,
+        ids: &[i64],
+        opts: &[ProposeOptions],
+        use_global: bool,
+    ) -> Result<Vec<Proposal>> {
+        let reqs = ids
+            .iter()
+            .map(|&id| self.check_request(id))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(reqs
+            .par_iter()
+            .zip(opts.par_iter())
+            .map(|(r, o)| self.propose_checked(r, o, use_global))
+            .collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// count(w) by brute force over `seqs`.
+    fn naive_count(seqs: &[Vec<u32>], w: &[u32]) -> u32 {
+        seqs.iter()
+            .map(|s| {
+                (0..s.len())
+                    .filter(|&i| i + w.len() <= s.len() && s[i..i + w.len()] == *w)
+                    .count() as u32
+            })
+            .sum()
+    }
+
+    fn rng(x: &mut u64) -> u64 {
+        *x = x
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        *x >> 33
+    }
+
+    /// Every string reachable in the trie carries its brute-force count, for strings drawn
+    /// from the sequences themselves, after appends and removals.
+    #[test]
+    fn counts_match_brute_force() {
+        let mut x = 11u64;
+        for round in 0..60 {
+            let depth = 1 + (rng(&mut x) % 6) as i64;
+            let mut idx = SuffixIndex::new(depth).unwrap();
+            let mut live: Vec<(u32, Vec<u32>)> = Vec::new();
+            for _ in 0..6 {
+                if !live.is_empty() && rng(&mut x) % 3 == 0 {
+                    let k = (rng(&mut x) as usize) % live.len();
+                    let (s, _) = live.remove(k);
+                    idx.remove_seq(s);
+                    continue;
+                }
+                let s = idx.add_seq();
+                let len = rng(&mut x) % 30;
+                let alpha = 1 + rng(&mut x) % 3;
+                let toks: Vec<u32> = (0..len).map(|_| (rng(&mut x) % alpha) as u32).collect();
+                // Appended in pieces: incremental appends equal one append.
+                let cut = toks.len() / 2;
+                idx.append(s, &toks[..cut]);
+                idx.append(s, &toks[cut..]);
+                live.push((s, toks));
+            }
+            let seqs: Vec<Vec<u32>> = live.iter().map(|(_, t)| t.clone()).collect();
+            assert_eq!(
+                idx.count[0] as usize,
+                seqs.iter().map(Vec::len).sum::<usize>()
+            );
+            for s in &seqs {
+                for i in 0..s.len() {
+                    let mut l = Locus { node: 0, depth: 0 };
+                    for e in 1..=(depth as usize).min(s.len() - i) {
+                        l = idx
+                            .step(l, s[i + e - 1])
+                            .expect("occurring string is found");
+                        assert_eq!(
+                            idx.locus_count(l),
+                            naive_count(&seqs, &s[i..i + e]),
+                            "round {round} string {:?}",
+                            &s[i..i + e]
+                        );
+                    }
+                }
+            }
+            for (s, _) in live {
+                idx.remove_seq(s);
+            }
+            assert_eq!(idx.num_nodes(), 1, "removing everything leaves the root");
+            assert!(idx.lookup.is_empty());
+        }
+    }
+
+    #[test]
+    fn own_match_equals_search() {
+        let mut x = 5u64;
+        for _ in 0..200 {
+            let depth = 2 + (rng(&mut x) % 6) as i64;
+            let mut idx = SuffixIndex::new(depth).unwrap();
+            let s = idx.add_seq();
+            let len = 1 + rng(&mut x) % 40;
+            let toks: Vec<u32> = (0..len).map(|_| (rng(&mut x) % 3) as u32).collect();
+            idx.append(s, &toks);
+            let a = idx
+                .own_match(s, depth as usize - 1)
+                .map(|(l, m)| (idx.locus_count(l), m));
+            let b = idx
+                .find_match(&toks, depth as usize - 1)
+                .map(|(l, m)| (idx.locus_count(l), m));
+            assert_eq!(a, b, "{toks:?}");
+        }
+    }
+
+    #[test]
+    fn proposes_the_repeated_continuation() {
+        let mut d = SuffixDrafter::new(8, 1000).unwrap();
+        d.start_request(1, &[1, 2, 3, 4, 5, 1, 2, 3]).unwrap();
+        let opt = ProposeOptions::new(4, 0.1, 1.0, false).unwrap();
+        let p = d.propose(1, &opt, true).unwrap();
+        assert_eq!(p.match_len, 3);
+        assert_eq!(p.tokens, vec![3, 4, 5, 1]);
+        assert_eq!(p.parents, vec![-1, 0, 1, 2]);
+        assert!(d.propose(2, &opt, true).is_err());
+        assert!(ProposeOptions::new(0, 0.1, 1.0, false).is_err());
+        assert!(ProposeOptions::new(1, 0.0, 1.0, false).is_err());
+    }
+}

@@ -1,0 +1,369 @@
+//! `SuffixDrafter`, `NgramDrafter` and `Draft`: argument conversion, locking and GIL release
+//! around the core drafters of `specsched_core::draft`.
+//!
+//! A `SuffixDrafter` may be shared between threads: its state sits behind a read-write lock
+//! (proposals share it, appends take it alone), always taken with the GIL released.
+
+use std::sync::RwLock;
+
+use numpy::{PyArray1, PyArrayDyn, PyArrayMethods};
+use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
+use pyo3::prelude::*;
+
+use specsched_core::draft::ngram::NgramConfig;
+use specsched_core::draft::suffix::{Proposal, ProposeOptions, SuffixDrafter};
+use specsched_core::{Tree, TreeBatch};
+
+use crate::convert::{int_array1, owned, set_readonly, with_int_view, IntoPyResult};
+use crate::tree::{PyTree, PyTreeBatch};
+
+fn int_list(obj: &Bound<'_, PyAny>, arg: &str) -> PyResult<Vec<i64>> {
+    let a = int_array1(obj, arg, true)?;
+    Ok(with_int_view!(a, v => v.iter().map(|x| specsched_core::IndexLike::to_i64(*x)).collect()))
+}
+
+fn sequence<'py>(obj: &Bound<'py, PyAny>, arg: &str) -> PyResult<Vec<Bound<'py, PyAny>>> {
+    if obj.is_instance_of::<pyo3::types::PyString>() {
+        return Err(PyTypeError::new_err(format!(
+            "{arg}: expected a sequence, got str"
+        )));
+    }
+    obj.try_iter()
+        .map_err(|_| PyTypeError::new_err(format!("{arg}: expected a sequence")))?
+        .collect()
+}
+
+fn poisoned<T>(_: T) -> PyErr {
+    PyRuntimeError::new_err("SuffixDrafter: state lock poisoned by an earlier failure")
+}
+
+fn proposal_tree(p: &Proposal) -> specsched_core::Result<Tree> {
+    Tree::new(&p.parents, &p.tokens)
+}
+
+fn batch(props: &[Proposal]) -> specsched_core::Result<TreeBatch> {
+    let trees = props
+        .iter()
+        .map(proposal_tree)
+        .collect::<specsched_core::Result<Vec<_>>>()?;
+    TreeBatch::from_trees(&trees.iter().collect::<Vec<_>>())
+}
+
+/// One proposal: the tree, each node's path probability, its score and match length.
+#[pyclass(frozen, module = "specsched", name = "Draft")]
+pub struct PyDraft {
+    tree: Py<PyTree>,
+    probs: Vec<f64>,
+    score: f64,
+    match_len: usize,
+}
+
+#[pymethods]
+impl PyDraft {
+    #[getter]
+    fn tree(&self, py: Python<'_>) -> Py<PyTree> {
+        self.tree.clone_ref(py)
+    }
+
+    /// float64 `[N]`: path probability of each node under the frequency model (root 1).
+    #[getter]
+    fn probs<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyArrayDyn<f64>>> {
+        let a = owned(py, self.probs.clone(), &[self.probs.len()])?;
+        set_readonly(a.as_untyped());
+        Ok(a)
+    }
+
+    #[getter]
+    fn score(&self) -> f64 {
+        self.score
+    }
+
+    #[getter]
+    fn match_len(&self) -> usize {
+        self.match_len
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "Draft(num_nodes={}, score={:.4}, match_len={})",
+            self.tree.get().inner.num_nodes(),
+            self.score,
+            self.match_len
+        )
+    }
+}
+
+/// Suffix-trie tree drafter over request contexts and past responses (SuffixDecoding-class).
+#[pyclass(frozen, module = "specsched", name = "SuffixDrafter")]
+pub struct PySuffixDrafter {
+    inner: RwLock<SuffixDrafter>,
+}
+
+fn options(budget: i64, min_prob: f64, factor: f64, chain: bool) -> PyResult<ProposeOptions> {
+    ProposeOptions::new(budget, min_prob, factor, chain).py()
+}
+
+#[pymethods]
+impl PySuffixDrafter {
+    #[new]
+    #[pyo3(signature = (max_depth=64, max_global_tokens=1 << 22))]
+    fn new(max_depth: i64, max_global_tokens: i64) -> PyResult<Self> {
+        Ok(PySuffixDrafter {
+            inner: RwLock::new(SuffixDrafter::new(max_depth, max_global_tokens).py()?),
+        })
+    }
+
+    #[getter]
+    fn max_depth(&self) -> PyResult<usize> {
+        Ok(self.inner.read().map_err(poisoned)?.max_depth())
+    }
+
+    #[getter]
+    fn max_global_tokens(&self) -> PyResult<usize> {
+        Ok(self.inner.read().map_err(poisoned)?.max_global_tokens())
+    }
+
+    #[getter]
+    fn num_requests(&self) -> PyResult<usize> {
+        Ok(self.inner.read().map_err(poisoned)?.num_requests())
+    }
+
+    #[getter]
+    fn num_global_tokens(&self) -> PyResult<usize> {
+        Ok(self.inner.read().map_err(poisoned)?.num_global_tokens())
+    }
+
+    #[getter]
+    fn num_indexed_tokens(&self) -> PyResult<usize> {
+        Ok(self.inner.read().map_err(poisoned)?.num_indexed_tokens())
+    }
+
+    /// Heap bytes held by every index.
+    #[getter]
+    fn memory_bytes(&self) -> PyResult<usize> {
+        Ok(self.inner.read().map_err(poisoned)?.memory_bytes())
+    }
+
+    /// Request ids whose responses are in the global index, oldest first.
+    #[getter]
+    fn cached_responses(&self) -> PyResult<Vec<i64>> {
+        Ok(self.inner.read().map_err(poisoned)?.cached_responses())
+    }
+
+    fn has_request(&self, request_id: i64) -> PyResult<bool> {
+        Ok(self.inner.read().map_err(poisoned)?.has_request(request_id))
+    }
+
+    fn start_request(
+        &self,
+        py: Python<'_>,
+        request_id: i64,
+        prompt: &Bound<'_, PyAny>,
+    ) -> PyResult<()> {
+        let prompt = int_list(prompt, "prompt")?;
+        py.detach(|| {
+            let mut d = self.inner.write().map_err(poisoned)?;
+            d.start_request(request_id, &prompt).py()
+        })
+    }
+
+    fn append(&self, py: Python<'_>, request_id: i64, tokens: &Bound<'_, PyAny>) -> PyResult<()> {
+        let tokens = int_list(tokens, "tokens")?;
+        py.detach(|| {
+            let mut d = self.inner.write().map_err(poisoned)?;
+            d.append(request_id, &tokens).py()
+        })
+    }
+
+    #[pyo3(signature = (request_id, cache=true))]
+    fn finish_request(&self, py: Python<'_>, request_id: i64, cache: bool) -> PyResult<()> {
+        py.detach(|| {
+            let mut d = self.inner.write().map_err(poisoned)?;
+            d.finish_request(request_id, cache).py()
+        })
+    }
+
+    fn remove_response(&self, py: Python<'_>, request_id: i64) -> PyResult<()> {
+        py.detach(|| {
+            let mut d = self.inner.write().map_err(poisoned)?;
+            d.remove_response(request_id).py()
+        })
+    }
+
+    #[pyo3(signature = (request_id, budget, min_prob=0.1, max_spec_factor=1.0, *, chain=false, use_global=true))]
+    #[allow(clippy::too_many_arguments)]
+    fn propose(
+        &self,
+        py: Python<'_>,
+        request_id: i64,
+        budget: i64,
+        min_prob: f64,
+        max_spec_factor: f64,
+        chain: bool,
+        use_global: bool,
+    ) -> PyResult<PyDraft> {
+        let opt = options(budget, min_prob, max_spec_factor, chain)?;
+        let (p, tree) = py.detach(|| -> PyResult<(Proposal, Tree)> {
+            let d = self.inner.read().map_err(poisoned)?;
+            let p = d.propose(request_id, &opt, use_global).py()?;
+            let t = proposal_tree(&p).py()?;
+            Ok((p, t))
+        })?;
+        Ok(PyDraft {
+            tree: Py::new(py, PyTree { inner: tree })?,
+            probs: p.probs,
+            score: p.score,
+            match_len: p.match_len,
+        })
+    }
+
+    #[pyo3(signature = (request_ids, budgets, min_prob=0.1, max_spec_factor=1.0, *, chain=false, use_global=true))]
+    #[allow(clippy::too_many_arguments)]
+    fn propose_batch(
+        &self,
+        py: Python<'_>,
+        request_ids: &Bound<'_, PyAny>,
+        budgets: &Bound<'_, PyAny>,
+        min_prob: f64,
+        max_spec_factor: f64,
+        chain: bool,
+        use_global: bool,
+    ) -> PyResult<PyTreeBatch> {
+        let ids = int_list(request_ids, "request_ids")?;
+        if ids.is_empty() {
+            return Err(PyValueError::new_err(
+                "request_ids: empty: a TreeBatch holds at least one tree",
+            ));
+        }
+        let budgets: Vec<i64> = match budgets.extract::<i64>() {
+            Ok(b) => vec![b; ids.len()],
+            Err(_) => int_list(budgets, "budgets")?,
+        };
+        if budgets.len() != ids.len() {
+            return Err(PyValueError::new_err(format!(
+                "budgets: has {} entries but request_ids has {}",
+                budgets.len(),
+                ids.len()
+            )));
+        }
+        let opts = budgets
+            .iter()
+            .enumerate()
+            .map(|(i, &b)| {
+                ProposeOptions::new(b, min_prob, max_spec_factor, chain)
+                    .map_err(|e| PyValueError::new_err(format!("budgets[{i}]: {e}")))
+            })
+            .collect::<PyResult<Vec<_>>>()?;
+        let inner = py.detach(|| -> PyResult<TreeBatch> {
+            let d = self.inner.read().map_err(poisoned)?;
+            let props = d.propose_batch(&ids, &opts, use_global).py()?;
+            batch(&props).py()
+        })?;
+        Ok(PyTreeBatch { inner })
+    }
+}
+
+/// vLLM's n-gram (prompt-lookup) proposer: chains from the longest earlier suffix match.
+#[pyclass(frozen, module = "specsched", name = "NgramDrafter")]
+pub struct PyNgramDrafter {
+    cfg: NgramConfig,
+}
+
+fn context(obj: &Bound<'_, PyAny>, arg: &str) -> PyResult<Vec<i64>> {
+    let c = int_list(obj, arg)?;
+    if c.is_empty() {
+        return Err(PyValueError::new_err(format!(
+            "{arg}: empty context: the root of a draft is the last context token"
+        )));
+    }
+    Ok(c)
+}
+
+fn chain_of(ctx: &[i64], draft: &[i64]) -> specsched_core::Result<Tree> {
+    let mut tokens = Vec::with_capacity(draft.len() + 1);
+    tokens.push(ctx[ctx.len() - 1]);
+    tokens.extend_from_slice(draft);
+    let parents: Vec<i32> = (0..tokens.len() as i32).map(|i| i - 1).collect();
+    Tree::new(&parents, &tokens)
+}
+
+#[pymethods]
+impl PyNgramDrafter {
+    #[new]
+    #[pyo3(signature = (min_n=1, max_n=4, k=5, max_model_len=1 << 40))]
+    fn new(min_n: i64, max_n: i64, k: i64, max_model_len: i64) -> PyResult<Self> {
+        Ok(PyNgramDrafter {
+            cfg: NgramConfig::new(min_n, max_n, k, max_model_len).py()?,
+        })
+    }
+
+    #[getter]
+    fn min_n(&self) -> usize {
+        self.cfg.min_n
+    }
+
+    #[getter]
+    fn max_n(&self) -> usize {
+        self.cfg.max_n
+    }
+
+    #[getter]
+    fn k(&self) -> usize {
+        self.cfg.k
+    }
+
+    #[getter]
+    fn max_model_len(&self) -> usize {
+        self.cfg.max_model_len
+    }
+
+    /// The draft tokens vLLM would propose for `context` (int64, possibly empty).
+    fn propose_tokens<'py>(
+        &self,
+        py: Python<'py>,
+        context: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyArray1<i64>>> {
+        let c = int_list(context, "context")?;
+        let draft = py.detach(|| self.cfg.propose(&c).to_vec());
+        Ok(PyArray1::from_vec(py, draft))
+    }
+
+    /// The proposal as a chain Tree whose root is the last context token.
+    fn propose(&self, py: Python<'_>, context: &Bound<'_, PyAny>) -> PyResult<PyTree> {
+        let c = context_arg(context)?;
+        let inner = py.detach(|| chain_of(&c, self.cfg.propose(&c))).py()?;
+        Ok(PyTree { inner })
+    }
+
+    /// Chains for many contexts, computed in parallel with the GIL released.
+    fn propose_batch(&self, py: Python<'_>, contexts: &Bound<'_, PyAny>) -> PyResult<PyTreeBatch> {
+        let items = sequence(contexts, "contexts")?;
+        if items.is_empty() {
+            return Err(PyValueError::new_err(
+                "contexts: empty: a TreeBatch holds at least one tree",
+            ));
+        }
+        let ctxs = items
+            .iter()
+            .enumerate()
+            .map(|(i, c)| context(c, &format!("contexts[{i}]")))
+            .collect::<PyResult<Vec<_>>>()?;
+        let inner = py
+            .detach(|| {
+                let refs: Vec<&[i64]> = ctxs.iter().map(Vec::as_slice).collect();
+                let drafts = self.cfg.propose_batch(&refs);
+                let trees = refs
+                    .iter()
+                    .zip(drafts)
+                    .map(|(c, d)| chain_of(c, d))
+                    .collect::<specsched_core::Result<Vec<_>>>()?;
+                TreeBatch::from_trees(&trees.iter().collect::<Vec<_>>())
+            })
+            .py()?;
+        Ok(PyTreeBatch { inner })
+    }
+}
+
+fn context_arg(obj: &Bound<'_, PyAny>) -> PyResult<Vec<i64>> {
+    context(obj, "context")
+}

@@ -1,0 +1,356 @@
+"""`ss.NgramDrafter` and `ss.SuffixDrafter` against their plain-Python twins in
+`specsched.reference` (same proposals on random token streams, eviction included), plus bad
+input, state preservation on failure, and thread safety."""
+
+from __future__ import annotations
+
+import math
+import threading
+
+import numpy as np
+import pytest
+import specsched as ss
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from specsched import reference as ref
+
+# Small alphabets make repeats (and so matches, ties and branching) common.
+streams = st.lists(st.integers(0, 3), max_size=40)
+
+
+# --- n-gram --------------------------------------------------------------------------------------
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    context=st.lists(st.integers(0, 2), max_size=40),
+    min_n=st.integers(1, 3),
+    extra=st.integers(0, 4),
+    k=st.integers(1, 6),
+    max_model_len=st.integers(1, 60),
+)
+def test_ngram_matches_reference(
+    context: list[int], min_n: int, extra: int, k: int, max_model_len: int
+) -> None:
+    d = ss.NgramDrafter(min_n, min_n + extra, k, max_model_len)
+    want = ref.ngram_propose(context, min_n, min_n + extra, k, max_model_len)
+    assert d.propose_tokens(np.asarray(context, dtype=np.int64)).tolist() == want
+    if context:
+        t = d.propose(context)
+        assert t.tokens.tolist() == [context[-1], *want]
+        assert t.parents.tolist() == list(range(-1, len(want)))
+
+
+def test_ngram_known_vector() -> None:
+    # The last 3 tokens "1 2 3" do not recur; "2 3" does, at 1: propose what followed it.
+    d = ss.NgramDrafter(min_n=2, max_n=3, k=4)
+    assert d.propose_tokens([1, 2, 3, 4, 5, 9, 2, 3]).tolist() == [4, 5, 9, 2]
+    assert d.propose_tokens([1, 2, 3]).tolist() == []
+    # Ties between equally long matches go to the earliest occurrence (vLLM's `>=`).
+    assert ss.NgramDrafter(1, 1, 1).propose_tokens([7, 1, 8, 1, 9, 1]).tolist() == [8]
+    # max_model_len caps the proposal.
+    assert ss.NgramDrafter(1, 2, 5, max_model_len=9).propose_tokens(
+        [1, 2, 3, 4, 1, 2]
+    ).tolist() == [3, 4, 1]
+
+
+@settings(max_examples=50, deadline=None)
+@given(
+    contexts=st.lists(st.lists(st.integers(0, 2), min_size=1, max_size=30), min_size=1, max_size=8)
+)
+def test_ngram_batch_equals_single(contexts: list[list[int]]) -> None:
+    d = ss.NgramDrafter(1, 3, 4)
+    b = d.propose_batch([np.asarray(c, dtype=np.int32) for c in contexts])
+    assert len(b) == len(contexts)
+    for i, c in enumerate(contexts):
+        assert b[i] == d.propose(c)
+
+
+def test_ngram_bad_input() -> None:
+    with pytest.raises(ValueError, match="min_n"):
+        ss.NgramDrafter(min_n=0)
+    with pytest.raises(ValueError, match="max_n"):
+        ss.NgramDrafter(min_n=3, max_n=2)
+    with pytest.raises(ValueError, match="k"):
+        ss.NgramDrafter(k=0)
+    d = ss.NgramDrafter()
+    with pytest.raises(ValueError, match="context"):
+        d.propose([])
+    with pytest.raises(ValueError, match=r"contexts\[1\]"):
+        d.propose_batch([[1], []])
+    with pytest.raises(ValueError, match="contexts"):
+        d.propose_batch([])
+    with pytest.raises(TypeError, match="context"):
+        d.propose(np.zeros(3))
+
+
+# --- suffix drafter: proposals vs the reference --------------------------------------------------
+
+ops = st.lists(
+    st.tuples(
+        st.sampled_from(["start", "append", "finish", "drop", "remove", "propose"]),
+        st.integers(0, 3),
+        streams,
+    ),
+    max_size=25,
+)
+params = st.tuples(
+    st.integers(1, 12),  # budget
+    st.sampled_from([0.01, 0.1, 0.26, 0.5, 1.0]),  # min_prob
+    st.sampled_from([0.0, 0.5, 1.0, 2.0, 10.0]),  # max_spec_factor
+    st.booleans(),  # chain
+    st.booleans(),  # use_global
+)
+
+
+def _check_same(d: ss.SuffixDrafter, r: ref.ReferenceSuffixDrafter, rid: int, p: tuple) -> None:
+    budget, min_prob, factor, chain, use_global = p
+    got = d.propose(rid, budget, min_prob, factor, chain=chain, use_global=use_global)
+    parents, tokens, probs, score, match_len = r.propose(
+        rid, budget, min_prob, factor, chain, use_global
+    )
+    assert got.tree.parents.tolist() == parents
+    assert got.tree.tokens.tolist() == tokens
+    assert got.probs.tolist() == probs
+    assert math.isclose(got.score, score, rel_tol=1e-12, abs_tol=1e-12)
+    assert got.match_len == match_len
+    assert got.tree.num_nodes - 1 <= budget
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    max_depth=st.integers(1, 8),
+    max_global=st.integers(0, 60),
+    script=ops,
+    p=params,
+)
+def test_suffix_matches_reference(
+    max_depth: int, max_global: int, script: list[tuple[str, int, list[int]]], p: tuple
+) -> None:
+    d = ss.SuffixDrafter(max_depth=max_depth, max_global_tokens=max_global)
+    r = ref.ReferenceSuffixDrafter(max_depth, max_global)
+    for op, rid, toks in script:
+        live = rid in r.requests
+        if op == "start" and not live:
+            d.start_request(rid, toks)
+            r.start_request(rid, toks)
+        elif op == "append" and live:
+            d.append(rid, np.asarray(toks, dtype=np.int64))
+            r.append(rid, toks)
+        elif op in ("finish", "drop") and live:
+            d.finish_request(rid, cache=op == "finish")
+            r.finish_request(rid, cache=op == "finish")
+        elif op == "remove" and rid in r.responses:
+            d.remove_response(rid)
+            r.remove_response(rid)
+        elif op == "propose" and live and r.requests[rid][0]:
+            _check_same(d, r, rid, p)
+        assert d.cached_responses == list(r.responses)
+        assert d.num_global_tokens == sum(map(len, r.responses.values()))
+        assert d.num_global_tokens <= max_global
+    for rid, (toks, _) in r.requests.items():
+        if toks:
+            _check_same(d, r, rid, p)
+    assert d.num_indexed_tokens == d.num_global_tokens + sum(len(t) for t, _ in r.requests.values())
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    max_depth=st.integers(2, 10),
+    history=st.lists(st.lists(st.integers(0, 2), min_size=1, max_size=30), max_size=4),
+    prompt=st.lists(st.integers(0, 2), min_size=1, max_size=30),
+    p=params,
+)
+def test_suffix_global_cache_matches_reference(
+    max_depth: int, history: list[list[int]], prompt: list[int], p: tuple
+) -> None:
+    d = ss.SuffixDrafter(max_depth=max_depth, max_global_tokens=1000)
+    r = ref.ReferenceSuffixDrafter(max_depth, 1000)
+    for i, h in enumerate(history):
+        for x in (d, r):
+            x.start_request(100 + i, [])
+            x.append(100 + i, h)
+            x.finish_request(100 + i)
+    d.start_request(0, prompt)
+    r.start_request(0, prompt)
+    _check_same(d, r, 0, p)
+
+
+def test_suffix_known_vector() -> None:
+    d = ss.SuffixDrafter(max_depth=16)
+    d.start_request(1, [1, 2, 3, 4, 5, 1, 2, 3])
+    got = d.propose(1, budget=8)
+    # "1 2 3" recurs once: its continuation "4 5 1" (3 = factor 1.0 * match 3 drafts), p = 1.
+    assert got.match_len == 3
+    assert got.tree.tokens.tolist() == [3, 4, 5, 1]
+    assert got.tree.parents.tolist() == [-1, 0, 1, 2]
+    assert got.probs.tolist() == [1.0, 1.0, 1.0, 1.0]
+    assert got.score == 3.0
+    # A branching history proposes a tree, children ordered by count.
+    d.start_request(2, [9, 1, 9, 1, 9, 2, 9, 1, 9])
+    t = d.propose(2, budget=4, min_prob=0.1, max_spec_factor=4.0)
+    assert t.tree.tokens.tolist()[:3] == [9, 1, 2]
+    assert t.tree.parents.tolist()[:3] == [-1, 0, 0]
+
+
+def test_suffix_batch_equals_single() -> None:
+    rng = np.random.default_rng(0)
+    d = ss.SuffixDrafter(max_depth=16)
+    for rid in range(6):
+        d.start_request(rid, rng.integers(0, 4, size=200))
+    budgets = [1, 4, 8, 16, 32, 3]
+    b = d.propose_batch(np.arange(6), budgets, min_prob=0.05, max_spec_factor=4.0)
+    for rid in range(6):
+        assert b[rid] == d.propose(rid, budgets[rid], 0.05, 4.0).tree
+    assert d.propose_batch([0, 1], 5) == ss.TreeBatch([d.propose(0, 5).tree, d.propose(1, 5).tree])
+
+
+# --- bad input and state preservation ------------------------------------------------------------
+
+
+def _state(d: ss.SuffixDrafter) -> tuple:
+    return (
+        d.num_requests,
+        d.num_indexed_tokens,
+        d.num_global_tokens,
+        d.cached_responses,
+        d.propose(1, 8, 0.01, 8.0).tree,
+    )
+
+
+def test_suffix_bad_input_names_the_argument_and_keeps_state() -> None:
+    d = ss.SuffixDrafter(max_depth=8, max_global_tokens=100)
+    d.start_request(1, [1, 2, 3, 1, 2])
+    d.start_request(2, [])
+    d.start_request(3, [5, 6])
+    d.append(3, [7, 8])
+    d.finish_request(3)
+    before = _state(d)
+    cases = [
+        (lambda: d.propose(9, 4), ValueError, "request_id"),
+        (lambda: d.propose(2, 4), ValueError, "empty context"),
+        (lambda: d.propose(1, 0), ValueError, "budget"),
+        (lambda: d.propose(1, -3), ValueError, "budget"),
+        (lambda: d.propose(1, 4, min_prob=0.0), ValueError, "min_prob"),
+        (lambda: d.propose(1, 4, min_prob=1.5), ValueError, "min_prob"),
+        (lambda: d.propose(1, 4, min_prob=float("nan")), ValueError, "min_prob"),
+        (lambda: d.propose(1, 4, max_spec_factor=-1.0), ValueError, "max_spec_factor"),
+        (lambda: d.propose_batch([1, 9], 4), ValueError, "request_ids"),
+        (lambda: d.propose_batch([], 4), ValueError, "request_ids"),
+        (lambda: d.propose_batch([1, 2], 4), ValueError, "empty context"),
+        (lambda: d.propose_batch([1, 1], [4, 0]), ValueError, r"budgets\[1\]"),
+        (lambda: d.propose_batch([1, 1], [4]), ValueError, "budgets"),
+        (lambda: d.append(1, [1, 2, -1]), ValueError, r"tokens\[2\]"),
+        (lambda: d.append(1, [1, 2**31]), ValueError, r"tokens\[1\]"),
+        (lambda: d.append(1, np.array([1, 2**32 - 1], dtype=np.uint32)), ValueError, "tokens"),
+        (lambda: d.append(1, np.zeros(2)), TypeError, "tokens"),
+        (lambda: d.append(3, [1]), ValueError, "request_id"),  # finished (evicted) request
+        (lambda: d.append(9, [1]), ValueError, "request_id"),
+        (lambda: d.start_request(1, [1]), ValueError, "already started"),
+        (lambda: d.start_request(5, [1, -2]), ValueError, r"prompt\[1\]"),
+        (lambda: d.finish_request(9), ValueError, "request_id"),
+        (lambda: d.remove_response(1), ValueError, "request_id"),
+        (lambda: ss.SuffixDrafter(max_depth=0), ValueError, "max_depth"),
+        (lambda: ss.SuffixDrafter(max_global_tokens=-1), ValueError, "max_global_tokens"),
+    ]
+    for call, exc, msg in cases:
+        with pytest.raises(exc, match=msg):
+            call()
+        assert _state(d) == before
+    assert not d.has_request(5)
+
+
+# --- eviction and accounting ---------------------------------------------------------------------
+
+
+def test_global_cache_evicts_oldest_first() -> None:
+    d = ss.SuffixDrafter(max_depth=4, max_global_tokens=10)
+    for rid in range(5):
+        d.start_request(rid, [0])
+        d.append(rid, [rid + 1] * 4)
+        d.finish_request(rid)
+        assert d.num_global_tokens <= 10
+    assert d.cached_responses == [3, 4]
+    d.remove_response(3)
+    assert d.cached_responses == [4]
+    assert d.num_global_tokens == 4
+    # A response over the whole budget does not stay.
+    d.start_request(7, [])
+    d.append(7, list(range(11)))
+    d.finish_request(7)
+    assert d.cached_responses == [] and d.num_global_tokens == 0
+
+
+def test_global_cache_is_used_when_it_scores_higher() -> None:
+    d = ss.SuffixDrafter(max_depth=16)
+    d.start_request(1, [])
+    d.append(1, [5, 6, 7, 8, 9, 10, 11])
+    d.finish_request(1)
+    d.start_request(2, [1, 2, 5, 6])
+    assert d.propose(2, 8, use_global=False).tree.num_nodes == 1
+    assert d.propose(2, 8, max_spec_factor=4.0).tree.tokens.tolist() == [6, 7, 8, 9, 10, 11]
+
+
+def test_memory_is_reported_and_released() -> None:
+    d = ss.SuffixDrafter(max_depth=32)
+    d.start_request(1, np.arange(1000) % 50)
+    assert d.num_indexed_tokens == 1000
+    assert 1000 * 4 < d.memory_bytes
+    d.finish_request(1, cache=False)
+    assert d.num_indexed_tokens == 0
+
+
+# --- threads -------------------------------------------------------------------------------------
+
+
+def test_shared_drafter_is_thread_safe() -> None:
+    d = ss.SuffixDrafter(max_depth=16)
+    rng = np.random.default_rng(1)
+    streams_ = [rng.integers(0, 5, size=400) for _ in range(4)]
+    for i in range(4):
+        d.start_request(i, streams_[i][:10])
+    errors: list[BaseException] = []
+
+    def work(i: int) -> None:
+        try:
+            for j in range(10, 400, 10):
+                d.append(i, streams_[i][j : j + 10])
+                d.propose_batch([0, 1, 2, 3], 8)
+        except BaseException as e:  # pragma: no cover - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    # The final state equals one built sequentially.
+    s = ss.SuffixDrafter(max_depth=16)
+    for i in range(4):
+        s.start_request(i, streams_[i])
+    for i in range(4):
+        assert d.propose(i, 16, 0.01, 4.0).tree == s.propose(i, 16, 0.01, 4.0).tree
+    assert d.num_indexed_tokens == s.num_indexed_tokens == 1600
+
+
+def test_indexing_releases_the_gil() -> None:
+    toks = np.random.default_rng(0).integers(0, 4, size=200_000)
+    d = ss.SuffixDrafter(max_depth=64)
+    started, done = threading.Event(), threading.Event()
+
+    def work() -> None:
+        started.set()
+        d.start_request(0, toks)
+        done.set()
+
+    t = threading.Thread(target=work)
+    t.start()
+    started.wait()
+    ticks = 0
+    while not done.is_set():
+        ticks += 1
+    t.join()
+    # With the GIL held for the whole call this loop could not run until it returned.
+    assert ticks > 1000
+    assert d.num_indexed_tokens == toks.size
