@@ -8,13 +8,12 @@ import random
 import subprocess
 import sys
 import textwrap
-import threading
-import time
 import tracemalloc
 
 import numpy as np
 import pytest
 import specsched as ss
+from gil import heartbeat_gap
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from specsched import reference as ref
@@ -454,32 +453,6 @@ def test_compact_kv_releases_the_gil():
             break
     assert min(ratios) < 0.5, f"Python was blocked during compact_kv: {ratios}"
     assert np.all(cache[:, :20] == [0] + [5] * 19)
-
-
-def heartbeat_gap(call) -> float:
-    """Runs `call()` in a thread while this thread runs Python in a loop; the largest gap
-    between heartbeats during the call, as a fraction of the call (~1 if the GIL is held)."""
-    barrier = threading.Barrier(2)
-    done = threading.Event()
-    span: list = []
-
-    def worker():
-        barrier.wait()
-        t0 = time.perf_counter()
-        call()
-        span.extend([t0, time.perf_counter()])
-        done.set()
-
-    th = threading.Thread(target=worker)
-    th.start()
-    barrier.wait()
-    beats = []
-    while not done.is_set():
-        beats.append(time.perf_counter())
-    th.join()
-    t0, t1 = span
-    inside = [t0, *(b for b in beats if t0 < b < t1), t1]
-    return float(max(np.diff(inside)) / (t1 - t0))
 
 
 # ------------------------------------------------------------------- compact_kv, bad input

@@ -21,6 +21,7 @@ import textwrap
 import numpy as np
 import pytest
 import specsched as ss
+from gil import heartbeat_gap
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from specsched import reference as ref
@@ -474,7 +475,6 @@ def test_device_path_flags_nan_and_refuses_host_only_rules():
 
 def test_sampled_verify_releases_the_gil():
     """While a thread samples a large batch in Rust, Python keeps running in another thread."""
-    from test_verify import heartbeat_gap
 
     vocab, n = 128256, 48
     row = np.zeros(vocab, dtype=np.float32)

@@ -5,12 +5,11 @@ independence of the thread count, the cost model, and bad input."""
 from __future__ import annotations
 
 import math
-import threading
-import time
 
 import numpy as np
 import pytest
 import specsched as ss
+from gil import heartbeat_gap
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from specsched import reference as ref
@@ -211,27 +210,7 @@ def test_simulate_releases_the_gil() -> None:
     tree = sim.best_tree(0.8, 64, 8, 4)
 
     def gap() -> float:
-        barrier = threading.Barrier(2)
-        done = threading.Event()
-        span: list[float] = []
-
-        def worker() -> None:
-            barrier.wait()
-            t0 = time.perf_counter()
-            sim.simulate(tree, 0.8, 1_000_000, seed=1, threads=1)
-            span.extend([t0, time.perf_counter()])
-            done.set()
-
-        th = threading.Thread(target=worker)
-        th.start()
-        barrier.wait()
-        beats = []
-        while not done.is_set():
-            beats.append(time.perf_counter())
-        th.join()
-        t0, t1 = span
-        inside = [t0, *(b for b in beats if t0 < b < t1), t1]
-        return float(max(np.diff(inside)) / (t1 - t0))
+        return heartbeat_gap(lambda: sim.simulate(tree, 0.8, 1_000_000, seed=1, threads=1))
 
     ratios = []
     for _ in range(3):  # retries absorb a rare long preemption of the heartbeat thread

@@ -14,12 +14,12 @@ import subprocess
 import sys
 import textwrap
 import threading
-import time
 import tracemalloc
 
 import numpy as np
 import pytest
 import specsched as ss
+from gil import heartbeat_gap
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from specsched import reference as ref
@@ -684,33 +684,6 @@ def test_batch_verify_from_two_threads():
     for res in out:
         assert res.num_accepted.tolist() == [31] * 64
         assert res.tokens.tolist() == [[7] * 32] * 64
-
-
-def heartbeat_gap(call) -> float:
-    """Runs `call()` in a thread while this thread runs Python in a loop; returns the largest
-    gap between this thread's heartbeats during the call, as a fraction of the call's length.
-    With the GIL released it is small; with the GIL held throughout it is about 1."""
-    barrier = threading.Barrier(2)
-    done = threading.Event()
-    span: list = []
-
-    def worker():
-        barrier.wait()
-        t0 = time.perf_counter()
-        call()
-        span.extend([t0, time.perf_counter()])
-        done.set()
-
-    th = threading.Thread(target=worker)
-    th.start()
-    barrier.wait()
-    beats = []
-    while not done.is_set():
-        beats.append(time.perf_counter())
-    th.join()
-    t0, t1 = span
-    inside = [t0, *(b for b in beats if t0 < b < t1), t1]
-    return float(max(np.diff(inside)) / (t1 - t0))
 
 
 @pytest.mark.parametrize("make", [big_batch, big_chain], ids=["batch", "tree"])
