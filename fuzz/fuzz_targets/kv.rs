@@ -57,7 +57,11 @@ fuzz_target!(|data: &[u8]| {
         for (j, &a) in v.accepted_nodes.iter().enumerate() {
             if a as usize != j {
                 let p = prefix[r] as usize;
-                want_moves.push(Move { req: if batched { r } else { 0 }, src: p + a as usize, dst: p + j });
+                want_moves.push(Move {
+                    req: if batched { r } else { 0 },
+                    src: p + a as usize,
+                    dst: p + j,
+                });
             }
         }
     }
@@ -107,7 +111,12 @@ fuzz_target!(|data: &[u8]| {
     let mut buf: Vec<u8> = (0..size + 2 * GUARD).map(|i| (i * 131 + 7) as u8).collect();
     let before = buf.clone();
     let offset = |idx: &[usize]| -> usize {
-        let o = base + idx.iter().zip(&strides).map(|(&i, &s)| i as isize * s).sum::<isize>();
+        let o = base
+            + idx
+                .iter()
+                .zip(&strides)
+                .map(|(&i, &s)| i as isize * s)
+                .sum::<isize>();
         GUARD + o as usize
     };
     // SAFETY: shape/strides/base describe elements inside `buf` (checked by construction:
@@ -122,7 +131,11 @@ fuzz_target!(|data: &[u8]| {
     }
     .expect("a non-overlapping layout is accepted");
     let r = cache.apply(seq_dim, batch_dim, &moves);
-    if short && !moves.iter().all(|m| m.src < shape[seq_dim] && m.dst < shape[seq_dim]) {
+    if short
+        && !moves
+            .iter()
+            .all(|m| m.src < shape[seq_dim] && m.dst < shape[seq_dim])
+    {
         assert!(r.is_err());
         assert_eq!(buf, before, "a refused plan writes nothing");
         return;
@@ -142,5 +155,8 @@ fuzz_target!(|data: &[u8]| {
             want[o..o + itemsize].copy_from_slice(&before[so..so + itemsize]);
         }
     }
-    assert_eq!(buf, want, "compaction equals the gather; nothing else is written");
+    assert_eq!(
+        buf, want,
+        "compaction equals the gather; nothing else is written"
+    );
 });

@@ -31,7 +31,12 @@ fuzz_target!(|data: &[u8]| {
     if r.is_ok() {
         for row in 0..bs {
             let mut order: Vec<usize> = (0..pool).collect();
-            order.sort_by(|&x, &y| scores[(row, y)].partial_cmp(&scores[(row, x)]).unwrap().then(x.cmp(&y)));
+            order.sort_by(|&x, &y| {
+                scores[(row, y)]
+                    .partial_cmp(&scores[(row, x)])
+                    .unwrap()
+                    .then(x.cmp(&y))
+            });
             let mut want: Vec<i64> = order[..n - 1].iter().map(|&g| g as i64).collect();
             want.sort_unstable();
             assert_eq!(&ti[row * (n - 1)..(row + 1) * (n - 1)], &want[..]);
@@ -43,9 +48,15 @@ fuzz_target!(|data: &[u8]| {
 
     // build_tree: parent_list [bs, steps] (column t = the parent candidate of step t's
     // children), a sorted selection (sometimes unsorted or out of range).
-    let width = if b.u8() % 8 == 0 { b.below(steps + 1) } else { steps };
+    let width = if b.u8() % 8 == 0 {
+        b.below(steps + 1)
+    } else {
+        steps
+    };
     let parent_list = Array2::from_shape_fn((bs, width), |_| b.below(pool + 1) as i64 - 1);
-    let sel = Array2::from_shape_fn((bs, n - 1), |_| b.below(pool + 1) as i64 - i64::from(b.u8() == 0));
+    let sel = Array2::from_shape_fn((bs, n - 1), |_| {
+        b.below(pool + 1) as i64 - i64::from(b.u8() == 0)
+    });
     let seq: Vec<usize> = (0..bs).map(|_| b.below(4)).collect();
     // Model parents (None = not a tree / invalid).
     let model: Option<Vec<Vec<i32>>> = (0..bs)
@@ -78,8 +89,12 @@ fuzz_target!(|data: &[u8]| {
         vec![false; bs * n * n],
         vec![0u32; total],
     );
-    let (mut pos, mut ri, mut nt, mut ns) =
-        (vec![0i64; total], vec![0i64; total], vec![0i64; total], vec![0i64; total]);
+    let (mut pos, mut ri, mut nt, mut ns) = (
+        vec![0i64; total],
+        vec![0i64; total],
+        vec![0i64; total],
+        vec![0i64; total],
+    );
     let mask = match mode {
         0 => MaskOut::Full(&mut full),
         1 => MaskOut::Qlen(&mut qlen),
@@ -93,7 +108,11 @@ fuzz_target!(|data: &[u8]| {
         retrive_next_sibling: &mut ns,
     };
     let r = build_tree(parent_list.view(), sel.view(), &seq, topk, steps, n, out);
-    assert_eq!(r.is_ok(), model.is_some(), "sel {sel:?} parent_list {parent_list:?}: {r:?}");
+    assert_eq!(
+        r.is_ok(),
+        model.is_some(),
+        "sel {sel:?} parent_list {parent_list:?}: {r:?}"
+    );
     let Some(model) = model else { return };
     let mut full_base = 0;
     for (r, parents) in model.iter().enumerate() {
@@ -107,7 +126,10 @@ fuzz_target!(|data: &[u8]| {
             assert_eq!(nt[row0 + i], kids.first().map_or(-1, |&c| c as i64));
             if i > 0 {
                 let sibs: Vec<usize> = (0..n).filter(|&c| parents[c] == parents[i]).collect();
-                assert_eq!(ns[row0 + i], sibs.iter().find(|&&s| s > i).map_or(-1, |&s| s as i64));
+                assert_eq!(
+                    ns[row0 + i],
+                    sibs.iter().find(|&&s| s > i).map_or(-1, |&s| s as i64)
+                );
             }
             for j in 0..n {
                 match mode {
@@ -163,7 +185,11 @@ fuzz_target!(|data: &[u8]| {
 
     // Arbitrary lists: refused or walked, never a panic or an endless loop.
     let junk = |b: &mut Bytes<'_>| Array2::from_shape_fn((bs, n), |_| b.below(n + 3) as i64 - 2);
-    let (jn, js, jr) = (junk(&mut b), junk(&mut b), Array2::from_shape_fn((bs, n), |_| b.below(total + 2) as i64 - 1));
+    let (jn, js, jr) = (
+        junk(&mut b),
+        junk(&mut b),
+        Array2::from_shape_fn((bs, n), |_| b.below(total + 2) as i64 - 1),
+    );
     let inp = GreedyIn {
         candidates: cands.view(),
         retrive_index: jr.view(),

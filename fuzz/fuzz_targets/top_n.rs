@@ -38,14 +38,17 @@ fuzz_target!(|data: &[u8]| {
     let mut depth = vec![1u32; m];
     if valid_parents {
         for i in 0..m {
-            let (pc, pd) = if parents[i] < 0 { (0.0, 0) } else { (cum[parents[i] as usize], depth[parents[i] as usize]) };
+            let (pc, pd) = if parents[i] < 0 {
+                (0.0, 0)
+            } else {
+                (cum[parents[i] as usize], depth[parents[i] as usize])
+            };
             cum[i] = if cumulative { edge[i] } else { pc + edge[i] };
             depth[i] = pd + 1;
         }
     }
     let scores_ok = edge.iter().all(|&s| !s.is_nan() && s <= 0.0)
-        && (!cumulative
-            || (0..m).all(|i| parents[i] < 0 || edge[i] <= edge[parents[i] as usize]));
+        && (!cumulative || (0..m).all(|i| parents[i] < 0 || edge[i] <= edge[parents[i] as usize]));
     let budget = b.below(m + 3);
     let tokens: Vec<i64> = (0..m).map(|i| 100 + i as i64).collect();
     let r = top_n(
@@ -57,7 +60,11 @@ fuzz_target!(|data: &[u8]| {
         cumulative,
     );
     let ok = valid_parents && scores_ok && budget >= 1 && budget - 1 <= m;
-    assert_eq!(r.is_ok(), ok, "parents {parents:?} scores {edge:?} budget {budget}: {r:?}");
+    assert_eq!(
+        r.is_ok(),
+        ok,
+        "parents {parents:?} scores {edge:?} budget {budget}: {r:?}"
+    );
     let Ok((tree, pool)) = r else { return };
     // Model selection: sort by the rank order, take budget - 1, in increasing pool index.
     let mut order: Vec<usize> = (0..m).collect();

@@ -23,7 +23,9 @@ fn check_derived(t: TreeRef<'_>, parents: &[i32], tokens: &[i64]) {
         assert_eq!(t.first_child[i], kids.first().map_or(-1, |&c| c as i32));
     }
     assert_eq!(t.max_depth as usize, *depths.iter().max().unwrap());
-    let leaves = (0..n).filter(|&i| model_children(parents, i).is_empty()).count();
+    let leaves = (0..n)
+        .filter(|&i| model_children(parents, i).is_empty())
+        .count();
     assert_eq!(t.num_leaves, leaves);
 }
 
@@ -54,7 +56,11 @@ fuzz_target!(|data: &[u8]| {
     let tokens: Vec<i64> = (0..ntok).map(|_| b.u8() as i64 % 5).collect();
     let r = Tree::new(&parents, &tokens);
     let ok = valid(&parents) && tokens.len() == parents.len();
-    assert_eq!(r.is_ok(), ok, "parents {parents:?} tokens {tokens:?}: {r:?}");
+    assert_eq!(
+        r.is_ok(),
+        ok,
+        "parents {parents:?} tokens {tokens:?}: {r:?}"
+    );
     if let Ok(t) = &r {
         check_derived(t.view(), &parents, &tokens);
         // A strided int64 view of the same data validates to the same tree.
@@ -73,7 +79,11 @@ fuzz_target!(|data: &[u8]| {
     let mut offs = vec![0i64];
     for _ in 0..nb {
         let last = *offs.last().unwrap();
-        offs.push(if b.u8() % 16 == 0 { b.i32() as i64 } else { last + 1 + b.below(8) as i64 });
+        offs.push(if b.u8() % 16 == 0 {
+            b.i32() as i64
+        } else {
+            last + 1 + b.below(8) as i64
+        });
     }
     if b.bool() && !offs.is_empty() {
         *offs.last_mut().unwrap() = n as i64;
@@ -106,7 +116,9 @@ fuzz_target!(|data: &[u8]| {
     let choices: Vec<Vec<i64>> = (0..nc)
         .map(|_| {
             let len = b.below(4);
-            (0..len).map(|_| b.u8() as i64 % 4 - i64::from(b.u8() == 255)).collect()
+            (0..len)
+                .map(|_| b.u8() as i64 % 4 - i64::from(b.u8() == 255))
+                .collect()
         })
         .collect();
     let ok = choices.iter().enumerate().all(|(j, c)| {

@@ -33,11 +33,18 @@ fn check_path(t: &Tree, r: &Verified, vocab: usize) {
     assert_eq!(r.tokens.len(), r.accepted_nodes.len());
     for j in 1..r.accepted_nodes.len() {
         let a = r.accepted_nodes[j] as usize;
-        assert_eq!(p[a], r.accepted_nodes[j - 1], "accepted path is a root path");
+        assert_eq!(
+            p[a],
+            r.accepted_nodes[j - 1],
+            "accepted path is a root path"
+        );
         assert_eq!(tok[a], r.tokens[j - 1], "accepted token is the emitted one");
     }
     let bonus = *r.tokens.last().unwrap();
-    assert!((0..vocab as i64).contains(&bonus), "bonus {bonus} outside vocab {vocab}");
+    assert!(
+        (0..vocab as i64).contains(&bonus),
+        "bonus {bonus} outside vocab {vocab}"
+    );
 }
 
 fuzz_target!(|data: &[u8]| {
@@ -93,7 +100,9 @@ fuzz_target!(|data: &[u8]| {
     let view = LogitsView::F32(logits.view());
     let g = verify_tree(t.view(), |v| view.argmax(v));
     assert_eq!(
-        g.as_ref().ok().map(|r| (r.accepted_nodes.clone(), r.tokens.clone())),
+        g.as_ref()
+            .ok()
+            .map(|r| (r.accepted_nodes.clone(), r.tokens.clone())),
         greedy_model
     );
     // F-ordered (transposed) logits read the same.
@@ -102,9 +111,17 @@ fuzz_target!(|data: &[u8]| {
     assert_eq!(verify_tree(t.view(), |v| vf.argmax(v)).ok(), g.clone().ok());
 
     // Sampled rules.
-    let temperature = if b.u8() % 4 == 0 { 0.0 } else { 0.1 + b.below(30) as f64 / 10.0 };
+    let temperature = if b.u8() % 4 == 0 {
+        0.0
+    } else {
+        0.1 + b.below(30) as f64 / 10.0
+    };
     let top_k = b.below(vocab + 1) as i64;
-    let top_p = if b.bool() { 1.0 } else { 0.05 + b.below(95) as f64 / 100.0 };
+    let top_p = if b.bool() {
+        1.0
+    } else {
+        0.05 + b.below(95) as f64 / 100.0
+    };
     let params = SamplingParams::new(temperature, top_k, top_p, 0).unwrap();
     let seed = b.u64();
     let rule_kind = b.u8() % 3;
@@ -133,7 +150,10 @@ fuzz_target!(|data: &[u8]| {
     if let Ok(r) = &r1 {
         check_path(&t, r, vocab);
         if temperature == 0.0 {
-            assert_eq!(Some((r.accepted_nodes.clone(), r.tokens.clone())), greedy_model);
+            assert_eq!(
+                Some((r.accepted_nodes.clone(), r.tokens.clone())),
+                greedy_model
+            );
         } else if rule_kind == 0 {
             let mut ch = vec![-1i64; n];
             for (j, &a) in r.accepted_nodes.iter().enumerate() {

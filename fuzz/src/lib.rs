@@ -98,7 +98,10 @@ pub fn model_walk(parents: &[i32], tokens: &[i64], choice: &[i64]) -> (Vec<i32>,
     loop {
         let y = choice[v];
         emitted.push(y);
-        match model_children(parents, v).into_iter().find(|&c| tokens[c] == y) {
+        match model_children(parents, v)
+            .into_iter()
+            .find(|&c| tokens[c] == y)
+        {
             Some(c) => {
                 accepted.push(c as i32);
                 v = c;
