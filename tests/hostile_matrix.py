@@ -21,7 +21,6 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-
 import specsched as ss
 from specsched import sglang
 
@@ -80,7 +79,11 @@ def flat(x: Any) -> Any:
         return flat(x.detach().cpu().numpy())
     for attr in ("accepted_nodes", "parents"):
         if hasattr(x, attr):
-            return [flat(getattr(x, a)) for a in ("accepted_nodes", "tokens", "parents") if hasattr(x, a)]
+            return [
+                flat(getattr(x, a))
+                for a in ("accepted_nodes", "tokens", "parents")
+                if hasattr(x, a)
+            ]
     return x
 
 
@@ -214,15 +217,29 @@ def layout_cases() -> None:
         if len(shape) == 2 and shape[0] > 1 and shape[1] > 1:
             o6 = np.zeros(shape, dtype=dtype, order="F")
             bad(fn, "out F-ordered", ValueError, "out", lambda m=method, o=o6: m(out=o), o6)
-        bad(fn, "out not an array", TypeError, "out", lambda m=method: m(out=[0] * shape[0]))
+        bad(fn, "out not an array", TypeError, "out", lambda m=method, k=shape[0]: m(out=[0] * k))
 
     fn = "TreeBatch"
     bad(fn, "empty", ValueError, "trees", lambda: ss.TreeBatch([]))
     bad(fn, "not trees", TypeError, "trees", lambda: ss.TreeBatch([1, 2]))
     fn = "TreeBatch.from_flat"
-    bad(fn, "float parents", TypeError, "parents", lambda: ss.TreeBatch.from_flat(FP * 1.0, FT, OFFS))
-    bad(fn, "float offsets", TypeError, "offsets", lambda: ss.TreeBatch.from_flat(FP, FT, OFFS * 1.0))
-    bad(fn, "2-D offsets", ValueError, "offsets", lambda: ss.TreeBatch.from_flat(FP, FT, OFFS[None]))
+    bad(
+        fn,
+        "float parents",
+        TypeError,
+        "parents",
+        lambda: ss.TreeBatch.from_flat(FP * 1.0, FT, OFFS),
+    )
+    bad(
+        fn,
+        "float offsets",
+        TypeError,
+        "offsets",
+        lambda: ss.TreeBatch.from_flat(FP, FT, OFFS * 1.0),
+    )
+    bad(
+        fn, "2-D offsets", ValueError, "offsets", lambda: ss.TreeBatch.from_flat(FP, FT, OFFS[None])
+    )
     bad(fn, "short tokens", ValueError, "tokens", lambda: ss.TreeBatch.from_flat(FP, FT[:5], OFFS))
     for kind, offs in (
         ("offsets[0] != 0", [1, 4, 6]),
@@ -238,10 +255,25 @@ def layout_cases() -> None:
         bad(fn, kind, ValueError, "offsets", lambda a=arr: ss.TreeBatch.from_flat(FP, FT, a), arr)
     cyc = FP.copy()
     cyc[5] = 2
-    bad(fn, "parent crosses trees", ValueError, "parents", lambda: ss.TreeBatch.from_flat(cyc, FT, OFFS), cyc)
+    bad(
+        fn,
+        "parent crosses trees",
+        ValueError,
+        "parents",
+        lambda: ss.TreeBatch.from_flat(cyc, FT, OFFS),
+        cyc,
+    )
     fn = "TreeBatch methods"
-    bad(fn, "prefix_lens wrong length", ValueError, "prefix_lens", lambda: BATCH.positions([1, 2, 3]))
-    bad(fn, "prefix_lens negative", ValueError, "prefix_lens", lambda: BATCH.attention_mask([0, -1]))
+    bad(
+        fn,
+        "prefix_lens wrong length",
+        ValueError,
+        "prefix_lens",
+        lambda: BATCH.positions([1, 2, 3]),
+    )
+    bad(
+        fn, "prefix_lens negative", ValueError, "prefix_lens", lambda: BATCH.attention_mask([0, -1])
+    )
     bad(fn, "prefix_lens float", TypeError, "prefix_lens", lambda: BATCH.mask_indptr([0.5, 1.0]))
     bad(fn, "prefix_lens 2-D", ValueError, "prefix_lens", lambda: BATCH.positions([[0, 1]]))
     bad(fn, "prefix_lens absurd", ValueError, "prefix_lens", lambda: BATCH.attention_mask(HUGE))
@@ -263,24 +295,76 @@ def verify_cases() -> None:
     nl = NAN_LOGITS.copy()
     bad(fn, "NaN logits", ValueError, "logits", lambda: ss.verify(TREE, nl), nl)
     ninf = np.full((4, V), -np.inf, dtype=np.float32)
-    bad(fn, "all -inf sampled", ValueError, "logits", lambda: ss.verify(TREE, ninf, temperature=1.0, seed=0), ninf)
-    bad(fn, "NaN logits sampled", ValueError, "logits", lambda: ss.verify(TREE, nl, temperature=1.0, seed=0), nl)
-    bad(fn, "both logits and tokens", TypeError, "verify", lambda: ss.verify(TREE, lg, target_tokens=TARGET))
+    bad(
+        fn,
+        "all -inf sampled",
+        ValueError,
+        "logits",
+        lambda: ss.verify(TREE, ninf, temperature=1.0, seed=0),
+        ninf,
+    )
+    bad(
+        fn,
+        "NaN logits sampled",
+        ValueError,
+        "logits",
+        lambda: ss.verify(TREE, nl, temperature=1.0, seed=0),
+        nl,
+    )
+    bad(
+        fn,
+        "both logits and tokens",
+        TypeError,
+        "verify",
+        lambda: ss.verify(TREE, lg, target_tokens=TARGET),
+    )
     bad(fn, "neither", TypeError, "verify", lambda: ss.verify(TREE))
     bad(fn, "not a tree", TypeError, "tree", lambda: ss.verify([0, 1], lg))
     tt = TARGET.copy()
-    bad(fn, "float target_tokens", TypeError, "target_tokens", lambda: ss.verify(TREE, target_tokens=tt * 1.0), tt)
-    bad(fn, "short target_tokens", ValueError, "target_tokens", lambda: ss.verify(TREE, target_tokens=tt[:2]), tt)
-    bad(fn, "2-D target_tokens", ValueError, "target_tokens", lambda: ss.verify(TREE, target_tokens=tt[None]), tt)
+    bad(
+        fn,
+        "float target_tokens",
+        TypeError,
+        "target_tokens",
+        lambda: ss.verify(TREE, target_tokens=tt * 1.0),
+        tt,
+    )
+    bad(
+        fn,
+        "short target_tokens",
+        ValueError,
+        "target_tokens",
+        lambda: ss.verify(TREE, target_tokens=tt[:2]),
+        tt,
+    )
+    bad(
+        fn,
+        "2-D target_tokens",
+        ValueError,
+        "target_tokens",
+        lambda: ss.verify(TREE, target_tokens=tt[None]),
+        tt,
+    )
     bad(fn, "bad reduce", ValueError, "reduce", lambda: ss.verify(TREE, lg, reduce="gpu"))
-    bad(fn, "device reduce on numpy", ValueError, "reduce", lambda: ss.verify(TREE, lg, reduce="device"))
+    bad(
+        fn,
+        "device reduce on numpy",
+        ValueError,
+        "reduce",
+        lambda: ss.verify(TREE, lg, reduce="device"),
+    )
     for kind, kw, exc, arg in (
         ("negative temperature", {"temperature": -1.0}, ValueError, "temperature"),
         ("NaN temperature", {"temperature": float("nan")}, ValueError, "temperature"),
         ("inf temperature", {"temperature": float("inf")}, ValueError, "temperature"),
         ("str temperature", {"temperature": "hot"}, TypeError, "temperature"),
         ("2-D temperature", {"temperature": [[1.0]]}, ValueError, "temperature"),
-        ("temperature per request, wrong length", {"temperature": [1.0, 1.0, 1.0]}, ValueError, "temperature"),
+        (
+            "temperature per request, wrong length",
+            {"temperature": [1.0, 1.0, 1.0]},
+            ValueError,
+            "temperature",
+        ),
         ("negative top_k", {"temperature": 1.0, "top_k": -1}, ValueError, "top_k"),
         ("float top_k", {"temperature": 1.0, "top_k": 1.5}, TypeError, "top_k"),
         ("top_p 0", {"temperature": 1.0, "top_p": 0.0}, ValueError, "top_p"),
@@ -290,69 +374,242 @@ def verify_cases() -> None:
         ("seed >= 2**64", {"temperature": 1.0, "seed": 1 << 64}, ValueError, "seed"),
         ("float seed", {"temperature": 1.0, "seed": 1.5}, TypeError, "seed"),
         ("unknown rule", {"temperature": 1.0, "rule": "medusa"}, ValueError, "rule"),
-        ("unknown draft_sampling", {"temperature": 1.0, "draft_probs": Q, "draft_sampling": "x"}, ValueError, "draft_sampling"),
-        ("draft_probs wrong shape", {"temperature": 1.0, "draft_probs": Q[:3]}, ValueError, "draft_probs"),
-        ("draft_probs NaN", {"temperature": 1.0, "draft_probs": np.where(Q > 0, np.nan, Q)}, ValueError, "draft_probs"),
-        ("draft_probs negative", {"temperature": 1.0, "draft_probs": Q - 0.5}, ValueError, "draft_probs"),
-        ("draft_probs sum off", {"temperature": 1.0, "draft_probs": Q * 2}, ValueError, "draft_probs"),
-        ("draft_probs int", {"temperature": 1.0, "draft_probs": np.ones((4, V), np.int64)}, TypeError, "draft_probs"),
-        ("draft_probs with typical", {"temperature": 1.0, "draft_probs": Q, "rule": "typical"}, ValueError, "draft_probs"),
-        ("posterior_threshold NaN", {"temperature": 1.0, "rule": "typical", "posterior_threshold": float("nan")}, ValueError, "posterior_threshold"),
-        ("posterior_alpha negative", {"temperature": 1.0, "rule": "typical", "posterior_alpha": -1.0}, ValueError, "posterior_alpha"),
+        (
+            "unknown draft_sampling",
+            {"temperature": 1.0, "draft_probs": Q, "draft_sampling": "x"},
+            ValueError,
+            "draft_sampling",
+        ),
+        (
+            "draft_probs wrong shape",
+            {"temperature": 1.0, "draft_probs": Q[:3]},
+            ValueError,
+            "draft_probs",
+        ),
+        (
+            "draft_probs NaN",
+            {"temperature": 1.0, "draft_probs": np.where(Q > 0, np.nan, Q)},
+            ValueError,
+            "draft_probs",
+        ),
+        (
+            "draft_probs negative",
+            {"temperature": 1.0, "draft_probs": Q - 0.5},
+            ValueError,
+            "draft_probs",
+        ),
+        (
+            "draft_probs sum off",
+            {"temperature": 1.0, "draft_probs": Q * 2},
+            ValueError,
+            "draft_probs",
+        ),
+        (
+            "draft_probs int",
+            {"temperature": 1.0, "draft_probs": np.ones((4, V), np.int64)},
+            TypeError,
+            "draft_probs",
+        ),
+        (
+            "draft_probs with typical",
+            {"temperature": 1.0, "draft_probs": Q, "rule": "typical"},
+            ValueError,
+            "draft_probs",
+        ),
+        (
+            "posterior_threshold NaN",
+            {"temperature": 1.0, "rule": "typical", "posterior_threshold": float("nan")},
+            ValueError,
+            "posterior_threshold",
+        ),
+        (
+            "posterior_alpha negative",
+            {"temperature": 1.0, "rule": "typical", "posterior_alpha": -1.0},
+            ValueError,
+            "posterior_alpha",
+        ),
     ):
         bad(fn, kind, exc, arg, lambda k=kw: ss.verify(TREE, lg, **k), lg)
     bl = BLOGITS.copy()
     bad("verify(batch)", "short logits", ValueError, "logits", lambda: ss.verify(BATCH, bl[:5]), bl)
-    bad("verify(batch)", "temperature wrong length", ValueError, "temperature",
-        lambda: ss.verify(BATCH, bl, temperature=[1.0, 1.0, 1.0]), bl)
+    bad(
+        "verify(batch)",
+        "temperature wrong length",
+        ValueError,
+        "temperature",
+        lambda: ss.verify(BATCH, bl, temperature=[1.0, 1.0, 1.0]),
+        bl,
+    )
     tb = np.array([6, 8, 0, 3, 2], dtype=np.int64)
-    bad("verify(batch)", "short target_tokens", ValueError, "target_tokens",
-        lambda: ss.verify(BATCH, target_tokens=tb), tb)
+    bad(
+        "verify(batch)",
+        "short target_tokens",
+        ValueError,
+        "target_tokens",
+        lambda: ss.verify(BATCH, target_tokens=tb),
+        tb,
+    )
     bad("BatchVerifyResult[]", "index out of range", IndexError, "index", lambda: BRESULT[5])
 
     lg2 = LOGITS.copy()
-    same(fn, "F-ordered logits", lambda: ss.verify(TREE, np.asfortranarray(lg2)), lambda: ss.verify(TREE, LOGITS), lg2)
+    same(
+        fn,
+        "F-ordered logits",
+        lambda: ss.verify(TREE, np.asfortranarray(lg2)),
+        lambda: ss.verify(TREE, LOGITS),
+        lg2,
+    )
     wide = np.repeat(LOGITS, 2, axis=1)
-    same(fn, "strided logits", lambda: ss.verify(TREE, wide[:, ::2]), lambda: ss.verify(TREE, LOGITS), wide)
+    same(
+        fn,
+        "strided logits",
+        lambda: ss.verify(TREE, wide[:, ::2]),
+        lambda: ss.verify(TREE, LOGITS),
+        wide,
+    )
     ro = LOGITS.copy()
     ro.flags.writeable = False
-    same(fn, "read-only logits", lambda: ss.verify(TREE, ro, temperature=0.7, seed=3),
-         lambda: ss.verify(TREE, LOGITS, temperature=0.7, seed=3), ro)
+    same(
+        fn,
+        "read-only logits",
+        lambda: ss.verify(TREE, ro, temperature=0.7, seed=3),
+        lambda: ss.verify(TREE, LOGITS, temperature=0.7, seed=3),
+        ro,
+    )
     nan_unvisited = LOGITS.copy()
     nan_unvisited[3] = np.nan  # node 3's row: read only if the walk reaches node 3
     plain = LOGITS.copy()
     plain[3] = 0.0
     if ss.verify(TREE, plain).num_accepted < 3:
-        same(fn, "NaN in an unvisited row", lambda: ss.verify(TREE, nan_unvisited),
-             lambda: ss.verify(TREE, plain), nan_unvisited)
+        same(
+            fn,
+            "NaN in an unvisited row",
+            lambda: ss.verify(TREE, nan_unvisited),
+            lambda: ss.verify(TREE, plain),
+            nan_unvisited,
+        )
 
 
 def kv_cases() -> None:
     fn = "kv_compaction_plan"
     bad(fn, "negative prefix", ValueError, "prefix_lens", lambda: ss.kv_compaction_plan(RESULT, -1))
-    bad(fn, "overflowing prefix", ValueError, "prefix_lens", lambda: ss.kv_compaction_plan(RESULT, (1 << 63) - 1))
+    bad(
+        fn,
+        "overflowing prefix",
+        ValueError,
+        "prefix_lens",
+        lambda: ss.kv_compaction_plan(RESULT, (1 << 63) - 1),
+    )
     bad(fn, "float prefix", TypeError, "prefix_lens", lambda: ss.kv_compaction_plan(RESULT, 1.5))
-    bad(fn, "batch prefix wrong length", ValueError, "prefix_lens", lambda: ss.kv_compaction_plan(BRESULT, [1, 2, 3]))
-    bad(fn, "batch prefix negative", ValueError, "prefix_lens", lambda: ss.kv_compaction_plan(BRESULT, [1, -2]))
+    bad(
+        fn,
+        "batch prefix wrong length",
+        ValueError,
+        "prefix_lens",
+        lambda: ss.kv_compaction_plan(BRESULT, [1, 2, 3]),
+    )
+    bad(
+        fn,
+        "batch prefix negative",
+        ValueError,
+        "prefix_lens",
+        lambda: ss.kv_compaction_plan(BRESULT, [1, -2]),
+    )
     bad(fn, "not a result", TypeError, "result", lambda: ss.kv_compaction_plan(TREE, 0))
 
     fn = "compact_kv"
     cache = np.arange(2 * 8 * 3, dtype=np.float32).reshape(2, 8, 3)
-    bad(fn, "seq_dim out of range", ValueError, "seq_dim", lambda: ss.compact_kv(cache, RESULT, 0, seq_dim=3), cache)
-    bad(fn, "seq_dim below -ndim", ValueError, "seq_dim", lambda: ss.compact_kv(cache, RESULT, 0, seq_dim=-4), cache)
-    bad(fn, "float seq_dim", TypeError, "seq_dim", lambda: ss.compact_kv(cache, RESULT, 0, seq_dim=1.0), cache)
-    bad(fn, "seq axis too short", ValueError, "cache", lambda: ss.compact_kv(cache, RESULT, 5, seq_dim=1), cache)
-    bad(fn, "negative prefix", ValueError, "prefix_lens", lambda: ss.compact_kv(cache, RESULT, -1, seq_dim=1), cache)
+    bad(
+        fn,
+        "seq_dim out of range",
+        ValueError,
+        "seq_dim",
+        lambda: ss.compact_kv(cache, RESULT, 0, seq_dim=3),
+        cache,
+    )
+    bad(
+        fn,
+        "seq_dim below -ndim",
+        ValueError,
+        "seq_dim",
+        lambda: ss.compact_kv(cache, RESULT, 0, seq_dim=-4),
+        cache,
+    )
+    bad(
+        fn,
+        "float seq_dim",
+        TypeError,
+        "seq_dim",
+        lambda: ss.compact_kv(cache, RESULT, 0, seq_dim=1.0),
+        cache,
+    )
+    bad(
+        fn,
+        "seq axis too short",
+        ValueError,
+        "cache",
+        lambda: ss.compact_kv(cache, RESULT, 5, seq_dim=1),
+        cache,
+    )
+    bad(
+        fn,
+        "negative prefix",
+        ValueError,
+        "prefix_lens",
+        lambda: ss.compact_kv(cache, RESULT, -1, seq_dim=1),
+        cache,
+    )
     ro = cache.copy()
     ro.flags.writeable = False
-    bad(fn, "read-only cache", ValueError, "cache", lambda: ss.compact_kv(ro, RESULT, 0, seq_dim=1), ro)
+    bad(
+        fn,
+        "read-only cache",
+        ValueError,
+        "cache",
+        lambda: ss.compact_kv(ro, RESULT, 0, seq_dim=1),
+        ro,
+    )
     bcast = np.broadcast_to(np.arange(8.0)[None, :, None], (2, 8, 3))
-    bad(fn, "broadcast cache", ValueError, "cache", lambda: ss.compact_kv(bcast, RESULT, 0, seq_dim=1), bcast)
-    bad(fn, "not an array", TypeError, "cache", lambda: ss.compact_kv([[1, 2]], RESULT, 0, seq_dim=1))
+    bad(
+        fn,
+        "broadcast cache",
+        ValueError,
+        "cache",
+        lambda: ss.compact_kv(bcast, RESULT, 0, seq_dim=1),
+        bcast,
+    )
+    bad(
+        fn,
+        "not an array",
+        TypeError,
+        "cache",
+        lambda: ss.compact_kv([[1, 2]], RESULT, 0, seq_dim=1),
+    )
     bcache = np.arange(2 * 8 * 3, dtype=np.float32).reshape(2, 8, 3)
-    bad(fn, "batch_dim == seq_dim", ValueError, "batch_dim", lambda: ss.compact_kv(bcache, BRESULT, 0, seq_dim=1, batch_dim=1), bcache)
-    bad(fn, "batch axis wrong length", ValueError, "cache", lambda: ss.compact_kv(bcache[:1], BRESULT, 0, seq_dim=1), bcache)
-    bad(fn, "batch prefix wrong length", ValueError, "prefix_lens", lambda: ss.compact_kv(bcache, BRESULT, [0, 0, 0], seq_dim=1), bcache)
+    bad(
+        fn,
+        "batch_dim == seq_dim",
+        ValueError,
+        "batch_dim",
+        lambda: ss.compact_kv(bcache, BRESULT, 0, seq_dim=1, batch_dim=1),
+        bcache,
+    )
+    bad(
+        fn,
+        "batch axis wrong length",
+        ValueError,
+        "cache",
+        lambda: ss.compact_kv(bcache[:1], BRESULT, 0, seq_dim=1),
+        bcache,
+    )
+    bad(
+        fn,
+        "batch prefix wrong length",
+        ValueError,
+        "prefix_lens",
+        lambda: ss.compact_kv(bcache, BRESULT, [0, 0, 0], seq_dim=1),
+        bcache,
+    )
     f_cache = np.asfortranarray(cache)
     c_copy = cache.copy()
     ss.compact_kv(c_copy, RESULT, 1, seq_dim=1)
@@ -369,7 +626,13 @@ def kv_cases() -> None:
     bad(fn, "wrong length", ValueError, "slots", lambda: ss.commit_slots(slots[:3], RESULT), slots)
     bad(fn, "float slots", TypeError, "slots", lambda: ss.commit_slots(slots * 1.0, RESULT), slots)
     bad(fn, "2-D slots", ValueError, "slots", lambda: ss.commit_slots(slots[None], RESULT), slots)
-    bad(fn, "batch wrong length", ValueError, "slots", lambda: ss.commit_slots(np.arange(5), BRESULT))
+    bad(
+        fn,
+        "batch wrong length",
+        ValueError,
+        "slots",
+        lambda: ss.commit_slots(np.arange(5), BRESULT),
+    )
 
 
 def builder_cases() -> None:
@@ -377,13 +640,38 @@ def builder_cases() -> None:
     par = np.array([-1, -1, 0, 2], dtype=np.int64)
     sc = np.array([-0.1, -0.2, -0.3, -0.4])
     bad(fn, "float parents", TypeError, "parents", lambda: ss.top_n_tree(par * 1.0, sc, 3), par, sc)
-    bad(fn, "forward parent", ValueError, "parents", lambda: ss.top_n_tree(np.array([-1, 2, 0, 2]), sc, 3), sc)
-    bad(fn, "parent < -1", ValueError, "parents", lambda: ss.top_n_tree(np.array([-1, -2, 0, 2]), sc, 3), sc)
-    bad(fn, "self parent", ValueError, "parents", lambda: ss.top_n_tree(np.array([-1, 1, 0, 2]), sc, 3), sc)
+    bad(
+        fn,
+        "forward parent",
+        ValueError,
+        "parents",
+        lambda: ss.top_n_tree(np.array([-1, 2, 0, 2]), sc, 3),
+        sc,
+    )
+    bad(
+        fn,
+        "parent < -1",
+        ValueError,
+        "parents",
+        lambda: ss.top_n_tree(np.array([-1, -2, 0, 2]), sc, 3),
+        sc,
+    )
+    bad(
+        fn,
+        "self parent",
+        ValueError,
+        "parents",
+        lambda: ss.top_n_tree(np.array([-1, 1, 0, 2]), sc, 3),
+        sc,
+    )
     bad(fn, "short scores", ValueError, "scores", lambda: ss.top_n_tree(par, sc[:3], 3), par, sc)
     bad(fn, "int scores", TypeError, "scores", lambda: ss.top_n_tree(par, np.arange(4), 3), par)
-    for kind, s in (("NaN score", [-0.1, np.nan, -0.3, -0.4]), ("+inf score", [-0.1, np.inf, -0.3, -0.4]),
-                    ("positive score", [0.5, -0.2, -0.3, -0.4]), ("child above parent", [-0.5, -0.2, -0.3, -0.4])):
+    for kind, s in (
+        ("NaN score", [-0.1, np.nan, -0.3, -0.4]),
+        ("+inf score", [-0.1, np.inf, -0.3, -0.4]),
+        ("positive score", [0.5, -0.2, -0.3, -0.4]),
+        ("child above parent", [-0.5, -0.2, -0.3, -0.4]),
+    ):
         arr = np.array(s)
         bad(fn, kind, ValueError, "scores", lambda a=arr: ss.top_n_tree(par, a, 3), arr, par)
     bad(fn, "budget 0", ValueError, "budget", lambda: ss.top_n_tree(par, sc, 0))
@@ -394,13 +682,23 @@ def builder_cases() -> None:
     bad(fn, "short tokens", ValueError, "tokens", lambda: ss.top_n_tree(par, sc, 3, tokens=[1, 2]))
 
     fn = "optimal_tree"
-    for kind, p, exc in (("NaN", [0.5, np.nan], ValueError), ("> 1", [1.5], ValueError),
-                         ("negative", [-0.1], ValueError), ("2-D", [[0.5]], ValueError),
-                         ("str", ["a"], TypeError)):
+    for kind, p, exc in (
+        ("NaN", [0.5, np.nan], ValueError),
+        ("> 1", [1.5], ValueError),
+        ("negative", [-0.1], ValueError),
+        ("2-D", [[0.5]], ValueError),
+        ("str", ["a"], TypeError),
+    ):
         bad(fn, kind, exc, "accept_probs", lambda q=p: ss.optimal_tree(q, 4))
     bad(fn, "budget 0", ValueError, "budget", lambda: ss.optimal_tree([0.5], 0))
     bad(fn, "unknown method", ValueError, "method", lambda: ss.optimal_tree([0.5], 4, method="x"))
-    bad(fn, "heap on non-monotone", ValueError, "accept_probs", lambda: ss.optimal_tree([0.1, 0.5], 4, method="heap"))
+    bad(
+        fn,
+        "heap on non-monotone",
+        ValueError,
+        "accept_probs",
+        lambda: ss.optimal_tree([0.1, 0.5], 4, method="heap"),
+    )
     fn = "expected_accept_length"
     bad(fn, "NaN", ValueError, "accept_probs", lambda: ss.expected_accept_length(TREE, [np.nan]))
     bad(fn, "not a tree", TypeError, "tree", lambda: ss.expected_accept_length([0], [0.5]))
@@ -410,8 +708,20 @@ def builder_cases() -> None:
     bad(fn, "depth 0", ValueError, "depth", lambda: ss.DynamicTreeBuilder(1, 2, 0, 3))
     bad(fn, "batch 0", ValueError, "batch", lambda: ss.DynamicTreeBuilder(0, 2, 2, 3))
     bad(fn, "budget 0", ValueError, "budget", lambda: ss.DynamicTreeBuilder(1, 2, 2, 0))
-    bad(fn, "absurd sizes", ValueError, "", lambda: ss.DynamicTreeBuilder(1 << 20, 1 << 10, 1 << 10, 3))
-    bad(fn, "negative batch", (ValueError, OverflowError), "batch", lambda: ss.DynamicTreeBuilder(-1, 2, 2, 3))
+    bad(
+        fn,
+        "absurd sizes",
+        ValueError,
+        "",
+        lambda: ss.DynamicTreeBuilder(1 << 20, 1 << 10, 1 << 10, 3),
+    )
+    bad(
+        fn,
+        "negative batch",
+        (ValueError, OverflowError),
+        "batch",
+        lambda: ss.DynamicTreeBuilder(-1, 2, 2, 3),
+    )
     root = np.array([1])
     tk = np.array([[3, 4]])
     lp = np.array([[-0.1, -0.5]], dtype=np.float32)
@@ -420,78 +730,230 @@ def builder_cases() -> None:
         return ss.DynamicTreeBuilder(1, 2, 3, 4)
 
     fn = "DynamicTreeBuilder.start"
-    bad(fn, "wrong batch", ValueError, "root_tokens", lambda: fresh().start(np.array([1, 2]), tk, lp))
-    bad(fn, "wrong topk", ValueError, "topk_tokens", lambda: fresh().start(root, tk[:, :1], lp), tk, lp)
-    bad(fn, "NaN logprob", ValueError, "topk_logprobs", lambda: fresh().start(root, tk, np.array([[np.nan, -1.0]])))
-    bad(fn, "positive logprob", ValueError, "topk_logprobs", lambda: fresh().start(root, tk, np.array([[0.5, -1.0]])))
+    bad(
+        fn,
+        "wrong batch",
+        ValueError,
+        "root_tokens",
+        lambda: fresh().start(np.array([1, 2]), tk, lp),
+    )
+    bad(
+        fn,
+        "wrong topk",
+        ValueError,
+        "topk_tokens",
+        lambda: fresh().start(root, tk[:, :1], lp),
+        tk,
+        lp,
+    )
+    bad(
+        fn,
+        "NaN logprob",
+        ValueError,
+        "topk_logprobs",
+        lambda: fresh().start(root, tk, np.array([[np.nan, -1.0]])),
+    )
+    bad(
+        fn,
+        "positive logprob",
+        ValueError,
+        "topk_logprobs",
+        lambda: fresh().start(root, tk, np.array([[0.5, -1.0]])),
+    )
     bad(fn, "float tokens", TypeError, "topk_tokens", lambda: fresh().start(root, tk * 1.0, lp))
     fn = "DynamicTreeBuilder.expand"
-    bad(fn, "before start", ValueError, "start", lambda: fresh().expand(np.zeros((1, 2, 2), np.int64), np.zeros((1, 2, 2))))
+    bad(
+        fn,
+        "before start",
+        ValueError,
+        "start",
+        lambda: fresh().expand(np.zeros((1, 2, 2), np.int64), np.zeros((1, 2, 2))),
+    )
 
     def started() -> Any:
         b = fresh()
         b.start(root, tk, lp)
         return b
 
-    bad(fn, "wrong shape", ValueError, "topk_tokens", lambda: started().expand(np.zeros((1, 2), np.int64), np.zeros((1, 2))))
-    bad(fn, "NaN logprob", ValueError, "topk_logprobs",
-        lambda: started().expand(np.zeros((1, 2, 2), np.int64), np.full((1, 2, 2), np.nan)))
+    bad(
+        fn,
+        "wrong shape",
+        ValueError,
+        "topk_tokens",
+        lambda: started().expand(np.zeros((1, 2), np.int64), np.zeros((1, 2))),
+    )
+    bad(
+        fn,
+        "NaN logprob",
+        ValueError,
+        "topk_logprobs",
+        lambda: started().expand(np.zeros((1, 2, 2), np.int64), np.full((1, 2, 2), np.nan)),
+    )
 
     fn = "AcceptanceStats.update"
-    bad(fn, "mismatched pair", ValueError, "result", lambda: ss.AcceptanceStats().update(TREE2, RESULT))
-    bad(fn, "tree with batch result", TypeError, "update", lambda: ss.AcceptanceStats().update(TREE, BRESULT))
+    bad(
+        fn,
+        "mismatched pair",
+        ValueError,
+        "result",
+        lambda: ss.AcceptanceStats().update(TREE2, RESULT),
+    )
+    bad(
+        fn,
+        "tree with batch result",
+        TypeError,
+        "update",
+        lambda: ss.AcceptanceStats().update(TREE, BRESULT),
+    )
 
 
 def sglang_cases() -> None:
     topk, steps, n = 2, 2, 4
-    scores = [np.array([[-0.1, -0.2]], dtype=np.float32), np.array([[-0.3, -0.4, -0.5, -0.6]], dtype=np.float32)]
+    scores = [
+        np.array([[-0.1, -0.2]], dtype=np.float32),
+        np.array([[-0.3, -0.4, -0.5, -0.6]], dtype=np.float32),
+    ]
     tokens = [np.array([[3, 4]]), np.array([[5, 6, 7, 8]])]
     parents = [np.array([[-1, 0]]), np.array([[0, 1]])]
     fn = "sglang.organize_draft_results"
-    bad(fn, "num_draft_token 0", ValueError, "num_draft_token", lambda: sglang.organize_draft_results(scores, tokens, parents, 0))
-    bad(fn, "too many tokens", ValueError, "num_draft_token", lambda: sglang.organize_draft_results(scores, tokens, parents, 9))
+    bad(
+        fn,
+        "num_draft_token 0",
+        ValueError,
+        "num_draft_token",
+        lambda: sglang.organize_draft_results(scores, tokens, parents, 0),
+    )
+    bad(
+        fn,
+        "too many tokens",
+        ValueError,
+        "num_draft_token",
+        lambda: sglang.organize_draft_results(scores, tokens, parents, 9),
+    )
     nan_scores = [scores[0], np.array([[np.nan, -0.4, -0.5, -0.6]], dtype=np.float32)]
-    bad(fn, "NaN score", ValueError, "score_list", lambda: sglang.organize_draft_results(nan_scores, tokens, parents, n))
-    bad(fn, "token shape", ValueError, "token_list", lambda: sglang.organize_draft_results(scores, tokens[:1], parents, n))
+    bad(
+        fn,
+        "NaN score",
+        ValueError,
+        "score_list",
+        lambda: sglang.organize_draft_results(nan_scores, tokens, parents, n),
+    )
+    bad(
+        fn,
+        "token shape",
+        ValueError,
+        "token_list",
+        lambda: sglang.organize_draft_results(scores, tokens[:1], parents, n),
+    )
     parent_list, sel, dtoks = sglang.organize_draft_results(scores, tokens, parents, n)
     seq = np.array([3])
     vid = np.array([1])
 
     def build(**over: Any) -> Any:
-        kw = dict(verified_id=vid, parent_list=parent_list, top_scores_index=sel, draft_tokens=dtoks,
-                  seq_lens=seq, seq_lens_sum=3, topk=topk, spec_steps=steps, num_verify_tokens=n)
+        kw = dict(
+            verified_id=vid,
+            parent_list=parent_list,
+            top_scores_index=sel,
+            draft_tokens=dtoks,
+            seq_lens=seq,
+            seq_lens_sum=3,
+            topk=topk,
+            spec_steps=steps,
+            num_verify_tokens=n,
+        )
         kw.update(over)
         return sglang.build_tree_kernel_efficient(**kw)
 
     fn = "sglang.build_tree_kernel_efficient"
     bad(fn, "topk 0", ValueError, "topk", lambda: build(topk=0))
-    bad(fn, "num_verify_tokens too big", ValueError, "num_verify_tokens",
-        lambda: build(num_verify_tokens=9, top_scores_index=np.arange(8)[None], draft_tokens=np.zeros((1, 8), np.int64)))
-    bad(fn, "selection out of pool", IndexError, "top_scores_index", lambda: build(top_scores_index=np.array([[0, 1, 99]])))
-    bad(fn, "negative selection", IndexError, "top_scores_index", lambda: build(top_scores_index=np.array([[-1, 0, 1]])))
-    bad(fn, "unsorted selection", ValueError, "top_scores_index", lambda: build(top_scores_index=np.array([[1, 0, 2]])))
-    bad(fn, "not a tree", ValueError, "top_scores_index", lambda: build(top_scores_index=np.array([[1, 2, 3]])))
-    bad(fn, "parent_list too narrow", IndexError, "parent_list", lambda: build(top_scores_index=np.array([[0, 4, 5]])))
+    bad(
+        fn,
+        "num_verify_tokens too big",
+        ValueError,
+        "num_verify_tokens",
+        lambda: build(
+            num_verify_tokens=9,
+            top_scores_index=np.arange(8)[None],
+            draft_tokens=np.zeros((1, 8), np.int64),
+        ),
+    )
+    bad(
+        fn,
+        "selection out of pool",
+        IndexError,
+        "top_scores_index",
+        lambda: build(top_scores_index=np.array([[0, 1, 99]])),
+    )
+    bad(
+        fn,
+        "negative selection",
+        IndexError,
+        "top_scores_index",
+        lambda: build(top_scores_index=np.array([[-1, 0, 1]])),
+    )
+    bad(
+        fn,
+        "unsorted selection",
+        ValueError,
+        "top_scores_index",
+        lambda: build(top_scores_index=np.array([[1, 0, 2]])),
+    )
+    bad(
+        fn,
+        "not a tree",
+        ValueError,
+        "top_scores_index",
+        lambda: build(top_scores_index=np.array([[1, 2, 3]])),
+    )
+    bad(
+        fn,
+        "parent_list too narrow",
+        IndexError,
+        "parent_list",
+        lambda: build(top_scores_index=np.array([[0, 4, 5]])),
+    )
     bad(fn, "negative seq_lens", ValueError, "seq_lens", lambda: build(seq_lens=np.array([-1])))
     bad(fn, "seq_lens_sum mismatch", ValueError, "seq_lens_sum", lambda: build(seq_lens_sum=7))
-    bad(fn, "selection wrong shape", ValueError, "top_scores_index", lambda: build(top_scores_index=sel[:, :2]))
+    bad(
+        fn,
+        "selection wrong shape",
+        ValueError,
+        "top_scores_index",
+        lambda: build(top_scores_index=sel[:, :2]),
+    )
     mbuf = np.zeros(3, dtype=bool)
-    bad(fn, "tree_mask_buf too small", ValueError, "tree_mask_buf", lambda: build(tree_mask_buf=mbuf), mbuf)
+    bad(
+        fn,
+        "tree_mask_buf too small",
+        ValueError,
+        "tree_mask_buf",
+        lambda: build(tree_mask_buf=mbuf),
+        mbuf,
+    )
     out = build()
     ri, nt, ns = (np.asarray(x).reshape(1, n) for x in out[2:5])
     cands = np.asarray(out[5]).reshape(1, n)
     tp = np.array([3, 5, 0, 0])
 
     def vt(**over: Any) -> Any:
-        kw = dict(predicts=np.zeros(n, np.int32), accept_index=np.zeros((1, 3), np.int32),
-                  accept_token_num=np.zeros(1, np.int32), candidates=cands, retrive_index=ri,
-                  retrive_next_token=nt, retrive_next_sibling=ns, target_predict=tp)
+        kw = dict(
+            predicts=np.zeros(n, np.int32),
+            accept_index=np.zeros((1, 3), np.int32),
+            accept_token_num=np.zeros(1, np.int32),
+            candidates=cands,
+            retrive_index=ri,
+            retrive_next_token=nt,
+            retrive_next_sibling=ns,
+            target_predict=tp,
+        )
         kw.update(over)
         return sglang.verify_tree_greedy(**kw)
 
     fn = "sglang.verify_tree_greedy"
     bad(fn, "predicts int64", TypeError, "predicts", lambda: vt(predicts=np.zeros(n, np.int64)))
-    bad(fn, "predicts short", ValueError, "predicts", lambda: vt(predicts=np.zeros(n - 1, np.int32)))
+    bad(
+        fn, "predicts short", ValueError, "predicts", lambda: vt(predicts=np.zeros(n - 1, np.int32))
+    )
     ro = np.zeros(n, np.int32)
     ro.flags.writeable = False
     bad(fn, "predicts read-only", ValueError, "predicts", lambda: vt(predicts=ro), ro)
@@ -499,19 +961,55 @@ def sglang_cases() -> None:
     cyc[0, 1] = 1
     cyc_nt = nt.copy()
     cyc_nt[0, 0] = 1
-    bad(fn, "sibling cycle", ValueError, "retrive_next_sibling",
-        lambda: vt(retrive_next_sibling=cyc, retrive_next_token=cyc_nt, target_predict=np.array([99, 0, 0, 0])), cyc)
+    bad(
+        fn,
+        "sibling cycle",
+        ValueError,
+        "retrive_next_sibling",
+        lambda: vt(
+            retrive_next_sibling=cyc,
+            retrive_next_token=cyc_nt,
+            target_predict=np.array([99, 0, 0, 0]),
+        ),
+        cyc,
+    )
     far = nt.copy()
     far[0, 0] = 17
-    bad(fn, "next_token out of range", IndexError, "retrive_next_token", lambda: vt(retrive_next_token=far), far)
+    bad(
+        fn,
+        "next_token out of range",
+        IndexError,
+        "retrive_next_token",
+        lambda: vt(retrive_next_token=far),
+        far,
+    )
     neg = ri.copy()
     neg[0, 0] = -5
-    bad(fn, "retrive_index negative", IndexError, "retrive_index", lambda: vt(retrive_index=neg), neg)
+    bad(
+        fn,
+        "retrive_index negative",
+        IndexError,
+        "retrive_index",
+        lambda: vt(retrive_index=neg),
+        neg,
+    )
     bad(fn, "candidates wrong shape", ValueError, "candidates", lambda: vt(candidates=cands[:, :2]))
     both = np.zeros((1, n), np.int32)
-    bad(fn, "same array twice", ValueError, "accept_index",
-        lambda: vt(predicts=both.reshape(-1), accept_index=both), both)
-    bad(fn, "token beyond int32", ValueError, "target_predict", lambda: vt(target_predict=np.array([1 << 40, 0, 0, 0])))
+    bad(
+        fn,
+        "same array twice",
+        ValueError,
+        "accept_index",
+        lambda: vt(predicts=both.reshape(-1), accept_index=both),
+        both,
+    )
+    bad(
+        fn,
+        "token beyond int32",
+        ValueError,
+        "target_predict",
+        lambda: vt(target_predict=np.array([1 << 40, 0, 0, 0])),
+    )
 
 
 def torch_cases() -> None:
@@ -520,37 +1018,131 @@ def torch_cases() -> None:
     lg = torch.tensor(LOGITS)
     meta = torch.empty((4, V), device="meta")
     bad("verify", "meta logits", ValueError, "logits", lambda: ss.verify(TREE, meta))
-    bad("verify", "meta logits sampled", ValueError, "logits", lambda: ss.verify(TREE, meta, temperature=1.0, seed=0))
-    bad("verify", "int tensor logits", TypeError, "logits", lambda: ss.verify(TREE, lg.to(torch.int32)))
+    bad(
+        "verify",
+        "meta logits sampled",
+        ValueError,
+        "logits",
+        lambda: ss.verify(TREE, meta, temperature=1.0, seed=0),
+    )
+    bad(
+        "verify",
+        "int tensor logits",
+        TypeError,
+        "logits",
+        lambda: ss.verify(TREE, lg.to(torch.int32)),
+    )
     bad("verify", "3-D tensor logits", ValueError, "logits", lambda: ss.verify(TREE, lg[None]), lg)
-    bad("verify", "host reduce on meta", ValueError, "logits", lambda: ss.verify(TREE, meta, reduce="host"))
-    bad("verify", "meta target_tokens", ValueError, "target_tokens",
-        lambda: ss.verify(TREE, target_tokens=torch.empty(4, dtype=torch.int64, device="meta")))
+    bad(
+        "verify",
+        "host reduce on meta",
+        ValueError,
+        "logits",
+        lambda: ss.verify(TREE, meta, reduce="host"),
+    )
+    bad(
+        "verify",
+        "meta target_tokens",
+        ValueError,
+        "target_tokens",
+        lambda: ss.verify(TREE, target_tokens=torch.empty(4, dtype=torch.int64, device="meta")),
+    )
     cache = torch.arange(48, dtype=torch.float32).reshape(2, 8, 3)
-    bad("compact_kv", "meta cache", ValueError, "cache",
-        lambda: ss.compact_kv(torch.empty((2, 8, 3), device="meta"), RESULT, 0, seq_dim=1))
-    bad("compact_kv", "short cache tensor", ValueError, "cache", lambda: ss.compact_kv(cache[:, :3], RESULT, 1, seq_dim=1), cache)
-    bad("verify", "meta draft_probs", ValueError, "draft_probs",
-        lambda: ss.verify(TREE, lg, temperature=1.0, draft_probs=torch.empty((4, V), dtype=torch.float64, device="meta")))
-    bad("kv_compaction_plan", "meta prefix_lens", ValueError, "prefix_lens",
-        lambda: ss.kv_compaction_plan(BRESULT, torch.empty(2, dtype=torch.int64, device="meta")))
-    bad("verify", "meta temperature", ValueError, "temperature",
-        lambda: ss.verify(TREE, lg, temperature=torch.empty(1, device="meta")))
-    bad("commit_slots", "meta slots", ValueError, "slots",
-        lambda: ss.commit_slots(torch.empty(4, dtype=torch.int64, device="meta"), RESULT))
-    bad("sglang.verify_tree_greedy", "meta predicts", TypeError, "predicts",
-        lambda: sglang.verify_tree_greedy(torch.empty(4, dtype=torch.int32, device="meta"), np.zeros((1, 3), np.int32),
-                                          np.zeros(1, np.int32), np.zeros((1, 4)), np.zeros((1, 4)),
-                                          np.zeros((1, 4)), np.zeros((1, 4)), np.zeros(4)))
+    bad(
+        "compact_kv",
+        "meta cache",
+        ValueError,
+        "cache",
+        lambda: ss.compact_kv(torch.empty((2, 8, 3), device="meta"), RESULT, 0, seq_dim=1),
+    )
+    bad(
+        "compact_kv",
+        "short cache tensor",
+        ValueError,
+        "cache",
+        lambda: ss.compact_kv(cache[:, :3], RESULT, 1, seq_dim=1),
+        cache,
+    )
+    bad(
+        "verify",
+        "meta draft_probs",
+        ValueError,
+        "draft_probs",
+        lambda: ss.verify(
+            TREE,
+            lg,
+            temperature=1.0,
+            draft_probs=torch.empty((4, V), dtype=torch.float64, device="meta"),
+        ),
+    )
+    bad(
+        "kv_compaction_plan",
+        "meta prefix_lens",
+        ValueError,
+        "prefix_lens",
+        lambda: ss.kv_compaction_plan(BRESULT, torch.empty(2, dtype=torch.int64, device="meta")),
+    )
+    bad(
+        "verify",
+        "meta temperature",
+        ValueError,
+        "temperature",
+        lambda: ss.verify(TREE, lg, temperature=torch.empty(1, device="meta")),
+    )
+    bad(
+        "commit_slots",
+        "meta slots",
+        ValueError,
+        "slots",
+        lambda: ss.commit_slots(torch.empty(4, dtype=torch.int64, device="meta"), RESULT),
+    )
+    bad(
+        "sglang.verify_tree_greedy",
+        "meta predicts",
+        TypeError,
+        "predicts",
+        lambda: sglang.verify_tree_greedy(
+            torch.empty(4, dtype=torch.int32, device="meta"),
+            np.zeros((1, 3), np.int32),
+            np.zeros(1, np.int32),
+            np.zeros((1, 4)),
+            np.zeros((1, 4)),
+            np.zeros((1, 4)),
+            np.zeros((1, 4)),
+            np.zeros(4),
+        ),
+    )
     grad = torch.tensor(LOGITS, requires_grad=True)
-    same("verify", "logits that require grad", lambda: ss.verify(TREE, grad), lambda: ss.verify(TREE, LOGITS), grad)
-    same("verify", "sampled, logits that require grad", lambda: ss.verify(TREE, grad, temperature=0.8, seed=1),
-         lambda: ss.verify(TREE, LOGITS, temperature=0.8, seed=1), grad)
+    same(
+        "verify",
+        "logits that require grad",
+        lambda: ss.verify(TREE, grad),
+        lambda: ss.verify(TREE, LOGITS),
+        grad,
+    )
+    same(
+        "verify",
+        "sampled, logits that require grad",
+        lambda: ss.verify(TREE, grad, temperature=0.8, seed=1),
+        lambda: ss.verify(TREE, LOGITS, temperature=0.8, seed=1),
+        grad,
+    )
     tt = torch.tensor(TARGET)
-    same("verify", "torch target_tokens", lambda: ss.verify(TREE, target_tokens=tt),
-         lambda: ss.verify(TREE, target_tokens=TARGET), tt)
+    same(
+        "verify",
+        "torch target_tokens",
+        lambda: ss.verify(TREE, target_tokens=tt),
+        lambda: ss.verify(TREE, target_tokens=TARGET),
+        tt,
+    )
     lt = torch.tensor(LOGITS).t().contiguous().t()
-    same("verify", "transposed tensor logits", lambda: ss.verify(TREE, lt), lambda: ss.verify(TREE, LOGITS), lt)
+    same(
+        "verify",
+        "transposed tensor logits",
+        lambda: ss.verify(TREE, lt),
+        lambda: ss.verify(TREE, LOGITS),
+        lt,
+    )
 
 
 def run_bad(case: tuple[Any, ...]) -> dict[str, Any]:
@@ -563,7 +1155,7 @@ def run_bad(case: tuple[Any, ...]) -> dict[str, Any]:
     except exc as e:
         if arg not in str(e):
             problem = f"message does not name {arg!r}: {type(e).__name__}: {e}"
-    except BaseException as e:  # noqa: BLE001 - any other exception type is the failure
+    except BaseException as e:
         problem = f"expected {[x.__name__ for x in exc]}, got {type(e).__name__}: {e}"
     if problem is None and not all(unchanged(b, x) for b, x in zip(before, inputs, strict=True)):
         problem = "an input was modified"
@@ -577,7 +1169,7 @@ def run_same(case: tuple[Any, ...]) -> dict[str, Any]:
     try:
         if flat(call()) != flat(plain()):
             problem = "result differs from the plain input's"
-    except BaseException as e:  # noqa: BLE001
+    except BaseException as e:
         problem = f"raised {type(e).__name__}: {e}\n{traceback.format_exc()}"
     if problem is None and not all(unchanged(b, x) for b, x in zip(before, inputs, strict=True)):
         problem = "an input was modified"
@@ -585,7 +1177,15 @@ def run_same(case: tuple[Any, ...]) -> dict[str, Any]:
 
 
 def main() -> None:
-    for build in (tree_cases, layout_cases, verify_cases, kv_cases, builder_cases, sglang_cases, torch_cases):
+    for build in (
+        tree_cases,
+        layout_cases,
+        verify_cases,
+        kv_cases,
+        builder_cases,
+        sglang_cases,
+        torch_cases,
+    ):
         build()
     results = []
     for i, case in enumerate(CASES):

@@ -15,7 +15,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-
 import specsched as ss
 
 THREADS = 8
@@ -165,7 +164,10 @@ def _big_inputs() -> dict[str, Callable[[], Any]]:
     trees = ss.TreeBatch([chain] * 16)
     # Node 1 is rejected and the chain 2..n-1 accepted: every kept entry moves one slot down.
     n = 4000
-    detour = ss.Tree(np.r_[-1, 0, 0, np.arange(2, n - 1)].astype(np.int32), np.r_[0, 9, np.zeros(n - 2, np.int64)])
+    detour = ss.Tree(
+        np.r_[-1, 0, 0, np.arange(2, n - 1)].astype(np.int32),
+        np.r_[0, 9, np.zeros(n - 2, np.int64)],
+    )
     r_shift = ss.verify(ss.TreeBatch([detour] * 8), target_tokens=np.zeros(8 * n, np.int64))
     cache = np.zeros((8, n + 16, 512), dtype=np.float32)
     parents = np.r_[-1, rng.integers(-1, np.arange(1, 400_000))]
@@ -178,9 +180,7 @@ def _big_inputs() -> dict[str, Callable[[], Any]]:
     }
 
 
-@pytest.mark.parametrize(
-    "name", ["verify_sampled", "attention_mask", "compact_kv", "top_n_tree"]
-)
+@pytest.mark.parametrize("name", ["verify_sampled", "attention_mask", "compact_kv", "top_n_tree"])
 def test_gil_released_heartbeat(name: str) -> None:
     call = _big_inputs()[name]
     call()  # warm up (page in, thread pool)
@@ -224,7 +224,10 @@ def test_dynamic_builders_per_thread_match_serial() -> None:
     tk = rng.integers(0, 100, (b, k))
     lp = np.sort(-rng.exponential(size=(b, k)), axis=1)[:, ::-1].copy()
     steps = [
-        (rng.integers(0, 100, (b, k, k)), np.sort(-rng.exponential(size=(b, k, k)))[..., ::-1].copy())
+        (
+            rng.integers(0, 100, (b, k, k)),
+            np.sort(-rng.exponential(size=(b, k, k)))[..., ::-1].copy(),
+        )
         for _ in range(3)
     ]
 

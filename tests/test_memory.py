@@ -16,7 +16,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-
 import specsched as ss
 from specsched import sglang
 
@@ -51,7 +50,10 @@ POOL_SCORES = -np.arange(1, 65, dtype=np.float64) / 64
 
 
 def _sglang_inputs() -> tuple[Any, ...]:
-    scores = [np.array([[-0.1, -0.2]], np.float32), np.array([[-0.3, -0.4, -0.5, -0.6]], np.float32)]
+    scores = [
+        np.array([[-0.1, -0.2]], np.float32),
+        np.array([[-0.3, -0.4, -0.5, -0.6]], np.float32),
+    ]
     tokens = [np.array([[3, 4]]), np.array([[5, 6, 7, 8]])]
     parents = [np.array([[-1, 0]]), np.array([[0, 1]])]
     pl, sel, dt = sglang.organize_draft_results(scores, tokens, parents, 4)
