@@ -4,13 +4,17 @@ arrays own (or keep alive) their memory after the inputs and parent objects are 
 Call counts: 10^5 for the cheap calls (layouts, walks over target tokens, plans, slots, tree
 construction; a few µs each), 2·10^4 for the calls that read logits or sample. Outputs are
 sized (32-node trees: a 1 KiB mask per call) so that a leak of one output per call would
-grow the resident set by far more than the margin.
+grow the resident set by far more than the margin. The measurements run in a fresh process:
+in a long pytest session, memory earlier tests freed stays resident and would hide a leak.
 """
 
 from __future__ import annotations
 
 import gc
+import json
 import os
+import subprocess
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -111,23 +115,43 @@ def _flat_rss(call: Callable[[], Any], calls: int) -> int:
     return rss() - before
 
 
+def _leaky() -> Callable[[], Any]:
+    kept: list[Any] = []
+    return lambda: kept.append(TREE.attention_mask(4))
+
+
+def measure() -> dict[str, int]:
+    """RSS growth per function (bytes). Runs in a fresh process (see `growth`), so memory that
+    earlier tests freed but the allocator kept resident cannot absorb a leak."""
+    out = {name: _flat_rss(call, 100_000) for name, call in CHEAP.items()}
+    out |= {name: _flat_rss(call, 20_000) for name, call in COSTLY.items()}
+    out["control: a leak of one output per call"] = _flat_rss(_leaky(), 100_000)
+    return out
+
+
+@pytest.fixture(scope="module")
+def growth() -> dict[str, int]:
+    proc = subprocess.run([sys.executable, __file__], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result: dict[str, int] = json.loads(proc.stdout)
+    return result
+
+
 @pytest.mark.parametrize("name", sorted(CHEAP))
-def test_rss_flat_cheap(name: str) -> None:
-    grown = _flat_rss(CHEAP[name], 100_000)
+def test_rss_flat_cheap(growth: dict[str, int], name: str) -> None:
+    grown = growth[name]
     assert grown < MARGIN, f"{name}: RSS grew {grown / 2**20:.1f} MiB over 10^5 calls"
 
 
 @pytest.mark.parametrize("name", sorted(COSTLY))
-def test_rss_flat_costly(name: str) -> None:
-    grown = _flat_rss(COSTLY[name], 20_000)
+def test_rss_flat_costly(growth: dict[str, int], name: str) -> None:
+    grown = growth[name]
     assert grown < MARGIN, f"{name}: RSS grew {grown / 2**20:.1f} MiB over 2*10^4 calls"
 
 
-def test_rss_detects_a_leak() -> None:
+def test_rss_detects_a_leak(growth: dict[str, int]) -> None:
     """The measurement has teeth: keeping every output of 10^5 mask calls is seen."""
-    kept: list[Any] = []
-    grown = _flat_rss(lambda: kept.append(TREE.attention_mask(4)), 100_000)
-    assert grown > MARGIN
+    assert growth["control: a leak of one output per call"] > MARGIN
 
 
 def _churn() -> None:
@@ -195,3 +219,7 @@ def test_layout_outputs_own_their_memory() -> None:
     assert [a.tolist() for a in plan] == [[], []]
     mask[0, 0] = False  # fresh outputs are writeable and owned
     assert mask.flags.writeable
+
+
+if __name__ == "__main__":
+    print(json.dumps(measure()))
