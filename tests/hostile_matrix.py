@@ -1145,6 +1145,152 @@ def torch_cases() -> None:
     )
 
 
+def _merged_self(st: Any) -> Any:
+    st.merge(st)
+    return [st.steps, st.trials, st.hits]
+
+
+def _doubled() -> Any:
+    st = ss.AcceptanceStats()
+    st.update(TREE, RESULT)
+    st.update(TREE, RESULT)
+    return [st.steps, st.trials, st.hits]
+
+
+def more_cases() -> None:
+    from specsched import sim
+
+    fn = "choose_tree"
+    tv = {1: 1e-3, 4: 1.2e-3, 8: 1.5e-3}
+    bad(
+        fn,
+        "t_verify not a mapping",
+        TypeError,
+        "t_verify",
+        lambda: ss.choose_tree([0.5], 1e-4, [1e-3], 3),
+    )
+    bad(
+        fn,
+        "NaN accept_probs",
+        ValueError,
+        "accept_probs",
+        lambda: ss.choose_tree([np.nan], 1e-4, tv, 3),
+    )
+    bad(fn, "negative t_draft", ValueError, "t_draft", lambda: ss.choose_tree([0.5], -1.0, tv, 3))
+    bad(
+        fn,
+        "NaN t_verify",
+        ValueError,
+        "t_verify",
+        lambda: ss.choose_tree([0.5], 1e-4, {4: np.nan}, 3),
+    )
+    bad(
+        fn,
+        "budget 0 in t_verify",
+        ValueError,
+        "t_verify",
+        lambda: ss.choose_tree([0.5], 1e-4, {0: 1e-3}, 3),
+    )
+    fn = "AcceptanceStats"
+    st = ss.AcceptanceStats()
+    st.update(TREE, RESULT)
+    bad(
+        fn + ".confidence_interval",
+        "NaN z",
+        ValueError,
+        "z",
+        lambda: st.confidence_interval(z=float("nan")),
+    )
+    bad(
+        fn + ".confidence_interval",
+        "negative z",
+        ValueError,
+        "z",
+        lambda: st.confidence_interval(z=-1.0),
+    )
+    bad(fn + ".optimal_tree", "budget 0", ValueError, "budget", lambda: st.optimal_tree(0))
+    bad(fn + ".merge", "not stats", TypeError, "other", lambda: st.merge(TREE))
+    bad(fn + ".update", "not a tree", TypeError, "update", lambda: st.update([0], RESULT))
+    twice = ss.AcceptanceStats()
+    twice.update(TREE, RESULT)
+    same(
+        fn + ".merge",
+        "the same object twice (doubles the counts)",
+        lambda: _merged_self(twice),
+        lambda: _doubled(),
+    )
+    fn = "BatchVerifyResult[]"
+    bad(fn, "non-int index", TypeError, "index", lambda: BRESULT["a"])
+    bad("TreeBatch[]", "non-int index", TypeError, "index", lambda: BATCH[1.5])
+    fn = "sim"
+    bad(
+        fn + ".expected_tokens_chain",
+        "alpha > 1",
+        ValueError,
+        "alpha",
+        lambda: sim.expected_tokens_chain(1.5, 3),
+    )
+    bad(
+        fn + ".expected_tokens_chain",
+        "NaN alpha",
+        ValueError,
+        "alpha",
+        lambda: sim.expected_tokens_chain(np.nan, 3),
+    )
+    bad(
+        fn + ".expected_tokens_chain",
+        "negative gamma",
+        ValueError,
+        "gamma",
+        lambda: sim.expected_tokens_chain(0.5, -1),
+    )
+    bad(
+        fn + ".expected_tokens_chain",
+        "float gamma",
+        TypeError,
+        "gamma",
+        lambda: sim.expected_tokens_chain(0.5, 1.5),
+    )
+    bad(
+        fn + ".simulate",
+        "steps 0",
+        ValueError,
+        "steps",
+        lambda: sim.simulate(TREE, sim.Acceptance.iid(0.5), steps=0),
+    )
+    bad(
+        fn + ".simulate",
+        "negative seed",
+        ValueError,
+        "seed",
+        lambda: sim.simulate(TREE, sim.Acceptance.iid(0.5), seed=-1),
+    )
+    bad(
+        fn + ".simulate",
+        "seed >= 2**64",
+        ValueError,
+        "seed",
+        lambda: sim.simulate(TREE, sim.Acceptance.iid(0.5), seed=1 << 64),
+    )
+    bad(
+        fn + ".simulate",
+        "threads 0",
+        ValueError,
+        "threads",
+        lambda: sim.simulate(TREE, sim.Acceptance.iid(0.5), threads=0),
+    )
+    bad(
+        fn + ".Acceptance.per_rank",
+        "sum > 1",
+        ValueError,
+        "",
+        lambda: sim.Acceptance.per_rank([0.7, 0.6]),
+    )
+    bad(
+        fn + ".Acceptance.iid", "NaN", ValueError, "alpha", lambda: sim.Acceptance.iid(float("nan"))
+    )
+
+
 def run_bad(case: tuple[Any, ...]) -> dict[str, Any]:
     fn, kind, exc, arg, call, inputs = case
     before = [snapshot(x) for x in inputs]
@@ -1185,6 +1331,7 @@ def main() -> None:
         builder_cases,
         sglang_cases,
         torch_cases,
+        more_cases,
     ):
         build()
     results = []

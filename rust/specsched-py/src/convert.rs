@@ -356,3 +356,9 @@ pub fn seq_dim_arg(obj: &Bound<'_, PyAny>) -> PyResult<isize> {
     let d = int_arg(obj, "seq_dim")?;
     isize::try_from(d).map_err(|_| PyValueError::new_err(format!("seq_dim: {d} is out of range")))
 }
+
+/// The index of `batch[index]` / `result[index]`.
+pub fn index_arg(obj: &Bound<'_, PyAny>) -> PyResult<isize> {
+    let i = int_arg(obj, "index")?;
+    isize::try_from(i).map_err(|_| PyIndexError::new_err(format!("index: {i} is out of range")))
+}

@@ -436,7 +436,10 @@ impl PyTreeBatch {
         self.inner.num_trees()
     }
 
-    fn __getitem__(&self, index: isize) -> PyResult<PyTree> {
+    fn __getitem__(
+        &self,
+        #[pyo3(from_py_with = crate::convert::index_arg)] index: isize,
+    ) -> PyResult<PyTree> {
         let b = self.inner.num_trees() as isize;
         let i = if index < 0 { index + b } else { index };
         if i < 0 || i >= b {
