@@ -22,7 +22,7 @@ def kv_compaction_plan(result: Result, prefix_lens: Any) -> tuple[np.ndarray, ..
 
     Only moves with `src != dst`, in an order that is safe to apply one after another.
     """
-    return _core.kv_compaction_plan(result, _torch.host_array(prefix_lens))
+    return _core.kv_compaction_plan(result, _torch.host_array(prefix_lens, "prefix_lens"))
 
 
 def compact_kv(
@@ -39,8 +39,9 @@ def compact_kv(
     BatchVerifyResult it also has a batch axis (`batch_dim`, default 0) with one row per
     request, and `prefix_lens` is an int or one int per request.
     """
-    prefix_lens = _torch.host_array(prefix_lens)
+    prefix_lens = _torch.host_array(prefix_lens, "prefix_lens")
     if _torch.is_tensor(cache):
+        _torch.check_has_data(cache, "cache")
         if cache.device.type != "cpu":
             moves = _core.cache_moves(list(cache.shape), result, prefix_lens, seq_dim, batch_dim)
             _torch.compact_on_device(cache, moves)
@@ -55,7 +56,7 @@ def commit_slots(slots: Any, result: Result) -> tuple[Any, Any]:
     For a batch, kept is `[B, D+1]` padded with -1 and freed is flat, request-major. torch
     slots give torch results on the slots' device.
     """
-    kept, freed = _core.commit_slots(_torch.host_array(slots), result)
+    kept, freed = _core.commit_slots(_torch.host_array(slots, "slots"), result)
     if _torch.is_tensor(slots):
         import torch
 

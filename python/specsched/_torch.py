@@ -275,9 +275,16 @@ def compact_on_device(cache: torch.Tensor, moves: tuple[Any, Any, Any, int, int]
             moved[req_t, dst_t] = moved[req_t, src_t]
 
 
-def host_array(x: Any) -> Any:
+def check_has_data(t: torch.Tensor, arg: str) -> None:
+    """Refuses tensors on the meta device: they have a shape but no data to read or move."""
+    if t.device.type == "meta":
+        raise ValueError(f"{arg}: a tensor on the meta device holds no data")
+
+
+def host_array(x: Any, arg: str) -> Any:
     """Small index tensors (choices, slots) as host numpy arrays; other inputs unchanged."""
     if is_tensor(x):
+        check_has_data(x, arg)
         t = x.detach()
         if t.device.type != "cpu":
             t = t.cpu()

@@ -80,7 +80,7 @@ def verify(
             raise TypeError(
                 "target_tokens: sampling arguments need logits (target_tokens are the choices)"
             )
-        return _core.verify_target_tokens(tree, _torch.host_array(target_tokens))
+        return _core.verify_target_tokens(tree, _torch.host_array(target_tokens, "target_tokens"))
     if sampling:
         return _verify_sampled(
             tree,
@@ -97,6 +97,7 @@ def verify(
             posterior_alpha,
         )
     if _torch.is_tensor(logits):
+        _torch.check_has_data(logits, "logits")
         on_device = logits.device.type != "cpu"
         if on_device and reduce == "host":
             raise ValueError(
@@ -124,7 +125,7 @@ def _param(value: Any, name: str, default: float | int, integer: bool) -> np.nda
     if value is None:
         value = default
     if _torch.is_tensor(value):
-        value = _torch.host_array(value)
+        value = _torch.host_array(value, name)
     try:
         arr = np.asarray(value)
     except (TypeError, ValueError) as e:
@@ -188,6 +189,7 @@ def _verify_sampled(
             raise TypeError(f"{name}: expected a float, got {type(x).__name__}")
     dtype = None
     if _torch.is_tensor(logits):
+        _torch.check_has_data(logits, "logits")
         on_device = logits.device.type != "cpu"
         if on_device and reduce == "host":
             raise ValueError(

@@ -291,8 +291,11 @@ impl StridedMut {
         }
         let outer: usize = rest.iter().map(|&(n, _)| n).product();
         // Byte offsets of every move's source and destination within one outer block.
+        // A move onto itself is a no-op (plans never list one, but `moves` is any caller's);
+        // dropping it keeps every copy below between disjoint ranges.
         let pairs: Vec<(isize, isize)> = moves
             .iter()
+            .filter(|m| m.src != m.dst)
             .map(|m| {
                 let base = m.req as isize * batch_dim.map_or(0, |d| self.strides[d]);
                 (
@@ -472,6 +475,20 @@ mod tests {
                 assert_eq!(at(0), (outer * 18 + c) as f32);
             }
         }
+    }
+
+    #[test]
+    fn a_move_onto_itself_changes_nothing() {
+        let mut data: [u8; 8] = std::array::from_fn(|i| i as u8);
+        let mut buf =
+            unsafe { StridedMut::new(data.as_mut_ptr(), vec![4, 2], vec![2, 1], 1) }.unwrap();
+        let same = |p| Move {
+            req: 0,
+            src: p,
+            dst: p,
+        };
+        buf.apply(0, None, &[same(1), same(3)]).unwrap();
+        assert_eq!(data, [0, 1, 2, 3, 4, 5, 6, 7]);
     }
 
     #[test]

@@ -28,14 +28,20 @@ fn model_strategy() -> impl Strategy<Value = Acceptance> {
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(48))]
 
-    /// The Monte-Carlo mean agrees with `1 + Σ P(v)` within 5 standard errors.
+    /// The Monte-Carlo mean agrees with `1 + Σ P(v)` within 5 standard errors (plus what an
+    /// outcome too rare to show up in the sample can move).
     #[test]
     fn simulation_agrees_with_the_analytic_model(parents in parents_strategy(24), model in model_strategy(), seed in any::<u64>()) {
         let t = Tree::new(&parents, &vec![0; parents.len()]).unwrap();
         let s = simulate(t.view(), &model, 20_000, seed, None).unwrap();
         let exact = expected_tokens(t.view(), &model).unwrap() - 1.0;
         let se = (s.variance() / s.steps as f64).sqrt();
-        prop_assert!((s.mean_accepted() - exact).abs() <= 5.0 * se + 1e-9,
+        // The sample's standard error is 0 when every step accepted the same count, yet an
+        // outcome of probability q ~ 1/steps that never showed up still moves the exact mean
+        // by up to q * max_depth: allow 10 / steps of that (an unseen outcome with q above it
+        // has probability < e^-10), so near-certain models do not fail at random.
+        let unseen = 10.0 * t.max_depth() as f64 / s.steps as f64;
+        prop_assert!((s.mean_accepted() - exact).abs() <= 5.0 * se + unseen,
             "mean {} exact {} se {}", s.mean_accepted(), exact, se);
     }
 

@@ -22,7 +22,7 @@ pub fn top_n_tree<'py>(
     py: Python<'py>,
     parents: &Bound<'py, PyAny>,
     scores: &Bound<'py, PyAny>,
-    budget: usize,
+    #[pyo3(from_py_with = crate::convert::budget_arg)] budget: usize,
     tokens: Option<&Bound<'py, PyAny>>,
     root_token: i64,
     cumulative: bool,

@@ -327,3 +327,38 @@ pub fn owned<'py, T: Element>(
         .map_err(|e| PyValueError::new_err(format!("internal shape error: {e}")))?;
     Ok(PyArray::from_owned_array(py, arr))
 }
+
+/// An integer argument as `i64`, with a message naming it: PyO3's own extraction error says
+/// only "'float' object cannot be interpreted as an integer".
+pub fn int_arg(obj: &Bound<'_, PyAny>, arg: &str) -> PyResult<i64> {
+    obj.extract::<i64>().map_err(|e| {
+        if e.is_instance_of::<pyo3::exceptions::PyOverflowError>(obj.py()) {
+            PyValueError::new_err(format!("{arg}: {obj} does not fit in int64"))
+        } else {
+            PyTypeError::new_err(format!("{arg}: expected an int, got {}", type_name(obj)))
+        }
+    })
+}
+
+/// `prefix_len` of the single-tree layouts (checked `>= 0` by the layout).
+pub fn prefix_len_arg(obj: &Bound<'_, PyAny>) -> PyResult<i64> {
+    int_arg(obj, "prefix_len")
+}
+
+/// A node budget: an int `>= 0` (each builder checks its own lower bound).
+pub fn budget_arg(obj: &Bound<'_, PyAny>) -> PyResult<usize> {
+    let b = int_arg(obj, "budget")?;
+    usize::try_from(b).map_err(|_| PyValueError::new_err(format!("budget: must be >= 1, got {b}")))
+}
+
+/// `seq_dim` of the KV functions (negative counts from the end, as numpy axes do).
+pub fn seq_dim_arg(obj: &Bound<'_, PyAny>) -> PyResult<isize> {
+    let d = int_arg(obj, "seq_dim")?;
+    isize::try_from(d).map_err(|_| PyValueError::new_err(format!("seq_dim: {d} is out of range")))
+}
+
+/// The index of `batch[index]` / `result[index]`.
+pub fn index_arg(obj: &Bound<'_, PyAny>) -> PyResult<isize> {
+    let i = int_arg(obj, "index")?;
+    isize::try_from(i).map_err(|_| PyIndexError::new_err(format!("index: {i} is out of range")))
+}

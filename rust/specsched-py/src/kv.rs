@@ -134,7 +134,7 @@ pub fn compact_kv(
     cache: &Bound<'_, PyAny>,
     result: &Bound<'_, PyAny>,
     prefix_lens: &Bound<'_, PyAny>,
-    seq_dim: isize,
+    #[pyo3(from_py_with = crate::convert::seq_dim_arg)] seq_dim: isize,
     batch_dim: Option<isize>,
 ) -> PyResult<()> {
     let arr = cache.cast::<PyUntypedArray>().map_err(|_| {
@@ -180,7 +180,7 @@ pub fn cache_moves<'py>(
     cache_shape: Vec<usize>,
     result: &Bound<'py, PyAny>,
     prefix_lens: &Bound<'py, PyAny>,
-    seq_dim: isize,
+    #[pyo3(from_py_with = crate::convert::seq_dim_arg)] seq_dim: isize,
     batch_dim: Option<isize>,
 ) -> PyResult<Bound<'py, PyTuple>> {
     let result = AnyResult::extract(result)?;

@@ -65,9 +65,19 @@ impl PyAcceptanceStats {
     }
 
     /// Adds the counts of another accumulator.
-    fn merge(&mut self, other: PyRef<'_, PyAcceptanceStats>) {
-        let o = other.inner.clone();
-        self.inner.merge(&o);
+    fn merge(slf: &Bound<'_, Self>, other: &Bound<'_, PyAny>) -> PyResult<()> {
+        let other = other.cast::<PyAcceptanceStats>().map_err(|_| {
+            pyo3::exceptions::PyTypeError::new_err(format!(
+                "other: expected an AcceptanceStats, got {}",
+                crate::convert::type_name(other)
+            ))
+        })?;
+        // Copy first, so that `stats.merge(stats)` (which doubles the counts) never holds a
+        // shared and a mutable borrow of one object at once; a borrow held by another thread
+        // is a RuntimeError, not a panic.
+        let o = other.try_borrow()?.inner.clone();
+        slf.try_borrow_mut()?.inner.merge(&o);
+        Ok(())
     }
 
     /// Verified trees recorded.

@@ -228,7 +228,7 @@ impl PyTree {
     fn attention_mask<'py>(
         &self,
         py: Python<'py>,
-        prefix_len: i64,
+        #[pyo3(from_py_with = crate::convert::prefix_len_arg)] prefix_len: i64,
         out: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyArrayDyn<bool>>> {
         dense(
@@ -245,7 +245,7 @@ impl PyTree {
     fn attention_bias<'py>(
         &self,
         py: Python<'py>,
-        prefix_len: i64,
+        #[pyo3(from_py_with = crate::convert::prefix_len_arg)] prefix_len: i64,
         dtype: Option<&Bound<'py, PyAny>>,
         out: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyUntypedArray>> {
@@ -279,7 +279,7 @@ impl PyTree {
     fn positions<'py>(
         &self,
         py: Python<'py>,
-        prefix_len: i64,
+        #[pyo3(from_py_with = crate::convert::prefix_len_arg)] prefix_len: i64,
         out: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyArrayDyn<i64>>> {
         check_prefix_len(prefix_len)?;
@@ -436,7 +436,10 @@ impl PyTreeBatch {
         self.inner.num_trees()
     }
 
-    fn __getitem__(&self, index: isize) -> PyResult<PyTree> {
+    fn __getitem__(
+        &self,
+        #[pyo3(from_py_with = crate::convert::index_arg)] index: isize,
+    ) -> PyResult<PyTree> {
         let b = self.inner.num_trees() as isize;
         let i = if index < 0 { index + b } else { index };
         if i < 0 || i >= b {

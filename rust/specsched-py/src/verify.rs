@@ -117,7 +117,10 @@ impl PyBatchVerifyResult {
         self.inner.num_trees()
     }
 
-    fn __getitem__(&self, index: isize) -> PyResult<PyVerifyResult> {
+    fn __getitem__(
+        &self,
+        #[pyo3(from_py_with = crate::convert::index_arg)] index: isize,
+    ) -> PyResult<PyVerifyResult> {
         let b = self.inner.num_trees() as isize;
         let i = if index < 0 { index + b } else { index };
         if i < 0 || i >= b {

@@ -1,0 +1,147 @@
+//! The EAGLE-2 dynamic builder (the stateful drafter) against a naive pool model. Invariants:
+//! every step's frontier is the best `K` of the `K²` children by cumulative log probability
+//! (ties to the lower pool index), in that order, with the parent's slot, the draft mask
+//! (ancestor-or-self over every fed token) and positions of the model; a refused step (NaN or
+//! positive log probabilities, a step past the depth) changes nothing; `build()` returns, per
+//! request, the model's top `budget - 1` candidates (score, then depth, then pool index) as a
+//! tree in pool order, with the candidates' tokens and parents.
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+use ndarray::{Array1, Array2, Array3};
+use specsched_core::topology::dynamic::DynamicTreeBuilder;
+use specsched_fuzz::Bytes;
+
+fn logprob(b: &mut Bytes<'_>) -> f64 {
+    match b.u8() {
+        0 => f64::NAN,
+        1 => 0.5,
+        2 => f64::NEG_INFINITY,
+        x => -((x % 5) as f64) * 0.25,
+    }
+}
+
+fuzz_target!(|data: &[u8]| {
+    let mut b = Bytes::new(data);
+    let (bs, k, depth) = (1 + b.below(2), 1 + b.below(3), 1 + b.below(4));
+    let budget = 1 + b.below(k + (depth - 1) * k * k + 2);
+    let Ok(mut d) = DynamicTreeBuilder::new(bs, k, depth, budget) else {
+        return;
+    };
+    let root = Array1::from_shape_fn(bs, |r| 1000 + r as i64);
+    // Model pool per request: (score, token, parent pool index or -1, depth).
+    let mut pool: Vec<Vec<(f64, i64, i64, u32)>> = vec![vec![]; bs];
+    let mut frontiers: Vec<Vec<Vec<usize>>> = vec![vec![]; bs]; // per level, slot -> pool idx
+    let prefix: Vec<i64> = (0..bs).map(|_| b.below(5) as i64).collect();
+    // start, retried until the fuzzer gives valid log probabilities.
+    loop {
+        if b.is_empty() {
+            return;
+        }
+        let tk = Array2::from_shape_fn((bs, k), |_| b.below(6) as i64);
+        let lp = Array2::from_shape_fn((bs, k), |_| logprob(&mut b));
+        let valid = lp.iter().all(|&x| x <= 0.0);
+        let r = d.start(root.view(), tk.view(), lp.view(), &prefix);
+        assert_eq!(r.is_ok(), valid, "start with {lp:?}");
+        let Ok(step) = r else { continue };
+        for r in 0..bs {
+            for c in 0..k {
+                pool[r].push((lp[(r, c)], tk[(r, c)], -1, 1));
+            }
+            frontiers[r].push((0..k).collect());
+            for j in 0..k {
+                assert_eq!(step.tokens[r * k + j], tk[(r, j)]);
+                assert_eq!(step.positions[r * k + j], prefix[r] + 1);
+                for c in 0..k {
+                    assert_eq!(step.mask[(r * k + j) * k + c], c == j);
+                }
+            }
+        }
+        break;
+    }
+    let mut level = 1;
+    while !b.is_empty() && b.u8() % 4 != 0 {
+        let tk = Array3::from_shape_fn((bs, k, k), |_| b.below(6) as i64);
+        let lp = Array3::from_shape_fn((bs, k, k), |_| logprob(&mut b));
+        let valid = lp.iter().all(|&x| x <= 0.0) && level < depth;
+        let r = d.expand(tk.view(), lp.view());
+        assert_eq!(r.is_ok(), valid);
+        let Ok(step) = r else { continue };
+        let base = k + (level - 1) * k * k;
+        let w = (level + 1) * k;
+        assert_eq!(step.width, w);
+        for r in 0..bs {
+            let front = frontiers[r].last().unwrap().clone();
+            let mut kids = vec![];
+            for (j, &f) in front.iter().enumerate() {
+                for c in 0..k {
+                    let g = base + j * k + c;
+                    assert_eq!(pool[r].len(), g);
+                    let s = pool[r][f].0 + lp[(r, j, c)];
+                    pool[r].push((s, tk[(r, j, c)], f as i64, level as u32 + 1));
+                    kids.push((s, g, j));
+                }
+            }
+            kids.sort_by(|x, y| y.0.partial_cmp(&x.0).unwrap().then(x.1.cmp(&y.1)));
+            let next: Vec<usize> = kids[..k].iter().map(|x| x.1).collect();
+            for (j, &(_, g, slot)) in kids[..k].iter().enumerate() {
+                assert_eq!(step.parent_index[r * k + j], slot as i64);
+                assert_eq!(step.tokens[r * k + j], pool[r][g].1);
+                assert_eq!(step.positions[r * k + j], prefix[r] + level as i64 + 1);
+                // Mask column (t-1)·K + s: frontier slot s of level t is g or an ancestor.
+                let mut anc = vec![g];
+                let mut x = pool[r][g].2;
+                while x >= 0 {
+                    anc.push(x as usize);
+                    x = pool[r][x as usize].2;
+                }
+                for (t, fr) in frontiers[r].iter().chain([&next]).enumerate() {
+                    for (s, &p) in fr.iter().enumerate() {
+                        let got = step.mask[(r * k + j) * w + t * k + s];
+                        assert_eq!(
+                            got,
+                            anc.contains(&p),
+                            "mask req {r} slot {j} level {t} col {s}"
+                        );
+                    }
+                }
+            }
+            frontiers[r].push(next);
+        }
+        level += 1;
+    }
+    // build: the model's top budget - 1 candidates per request.
+    let r = d.build();
+    let m = pool[0].len();
+    assert_eq!(r.is_ok(), budget - 1 <= m, "budget {budget}, pool {m}");
+    let Ok((batch, pool_index)) = r else { return };
+    let n = budget;
+    for r in 0..bs {
+        let mut order: Vec<usize> = (0..m).collect();
+        let p = &pool[r];
+        order.sort_by(|&x, &y| {
+            p[y].0
+                .partial_cmp(&p[x].0)
+                .unwrap()
+                .then(p[x].3.cmp(&p[y].3))
+                .then(x.cmp(&y))
+        });
+        let mut want: Vec<i64> = order[..n - 1].iter().map(|&g| g as i64).collect();
+        want.sort_unstable();
+        assert_eq!(&pool_index[r * (n - 1)..(r + 1) * (n - 1)], &want[..]);
+        let t = batch.tree(r);
+        assert_eq!(t.num_nodes(), n);
+        assert_eq!(t.tokens[0], root[r]);
+        for (node, &g) in want.iter().enumerate() {
+            let (_, tok, parent, _) = p[g as usize];
+            assert_eq!(t.tokens[node + 1], tok);
+            let tp = t.parents[node + 1];
+            if parent < 0 {
+                assert_eq!(tp, 0);
+            } else {
+                assert!(tp >= 1, "the selection is ancestor-closed");
+                assert_eq!(want[tp as usize - 1], parent);
+            }
+        }
+    }
+});

@@ -1,0 +1,278 @@
+"""Concurrency: shared read-only inputs, many threads, results identical to serial runs; the
+GIL is released during the Rust work (observed by a heartbeat thread); no deadlock under a
+tiny switch interval.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+import pytest
+import specsched as ss
+
+THREADS = 8
+TIMEOUT = 60.0
+
+
+def _trees(rng: np.random.Generator, count: int, n: int, vocab: int) -> list[ss.Tree]:
+    trees = []
+    for _ in range(count):
+        parents = np.array([-1] + [int(rng.integers(0, i)) for i in range(1, n)], dtype=np.int32)
+        trees.append(ss.Tree(parents, rng.integers(0, vocab, n)))
+    return trees
+
+
+@pytest.fixture(scope="module")
+def shared() -> dict[str, Any]:
+    rng = np.random.default_rng(0)
+    vocab = 4
+    trees = _trees(rng, 16, 24, vocab)
+    batch = ss.TreeBatch(trees)
+    # A low-entropy target so walks go deep; logits are shared read-only by every thread.
+    logits = rng.normal(size=(batch.num_nodes, vocab)).astype(np.float32)
+    logits.flags.writeable = False
+    target = rng.integers(0, vocab, batch.num_nodes)
+    target.flags.writeable = False
+    pool_parents = np.array([-1] + [int(rng.integers(-1, i)) for i in range(1, 400)])
+    edge = -rng.exponential(size=400)
+    return {
+        "batch": batch,
+        "logits": logits,
+        "target": target,
+        "pool_parents": pool_parents,
+        "edge": edge,
+    }
+
+
+def _flat(x: Any) -> Any:
+    if isinstance(x, tuple | list):
+        return [_flat(v) for v in x]
+    if isinstance(x, np.ndarray):
+        return (x.dtype.str, x.shape, x.tobytes())
+    if isinstance(x, ss.BatchVerifyResult):
+        return _flat((x.num_accepted, x.accepted_nodes, x.tokens))
+    if isinstance(x, ss.Tree):
+        return _flat((x.parents, x.tokens))
+    return x
+
+
+def _workloads(s: dict[str, Any]) -> dict[str, Callable[[int], Any]]:
+    """Name -> f(i): a deterministic call; i selects per-call variation (seed, prefix)."""
+    batch, logits = s["batch"], s["logits"]
+
+    def compact(i: int) -> Any:
+        r = ss.verify(batch, target_tokens=s["target"])
+        cache = np.arange(batch.num_trees * 40 * 6, dtype=np.float32).reshape(
+            batch.num_trees, 40, 6
+        )  # each call its own cache
+        ss.compact_kv(cache, r, i % 5, seq_dim=1)
+        return cache
+
+    return {
+        "verify_greedy": lambda i: ss.verify(batch, logits),
+        "verify_tokens": lambda i: ss.verify(batch, target_tokens=s["target"]),
+        "verify_sampled": lambda i: ss.verify(
+            batch, logits, temperature=0.9, top_p=0.9, seed=i % 7
+        ),
+        "verify_rejection": lambda i: ss.verify(
+            batch,
+            logits,
+            temperature=1.0,
+            seed=i % 3,
+            draft_probs=np.full(logits.shape, 0.25),
+        ),
+        "attention_mask": lambda i: batch.attention_mask(i % 9),
+        "attention_bias": lambda i: batch.attention_bias(i % 4),
+        "packed_attention_mask": lambda i: batch.packed_attention_mask(i % 11),
+        "paths": lambda i: batch.paths(),
+        "kv_plan": lambda i: ss.kv_compaction_plan(
+            ss.verify(batch, target_tokens=s["target"]), i % 6
+        ),
+        "compact_kv": compact,
+        "top_n_tree": lambda i: ss.top_n_tree(
+            s["pool_parents"], s["edge"], 10 + i % 50, cumulative=False
+        ),
+        "from_choices": lambda i: ss.Tree.from_choices([(0,), (1,), (0, 0), (0, 1), (1, 0)]),
+    }
+
+
+def test_threads_match_serial(shared: dict[str, Any]) -> None:
+    work = _workloads(shared)
+    calls = [(name, i) for i in range(12) for name in work]
+    serial = {(name, i): _flat(work[name](i)) for name, i in calls}
+    with ThreadPoolExecutor(THREADS) as pool:
+        futures = {c: pool.submit(work[c[0]], c[1]) for c in calls * 3}
+        for (name, i), fut in futures.items():
+            assert _flat(fut.result(timeout=TIMEOUT)) == serial[(name, i)], name
+
+
+def test_inputs_unmodified_by_threads(shared: dict[str, Any]) -> None:
+    before = {k: np.array(v, copy=True) for k, v in shared.items() if isinstance(v, np.ndarray)}
+    test_threads_match_serial(shared)
+    for k, v in before.items():
+        assert np.array_equal(shared[k], v), k
+
+
+def _heartbeat_during(call: Callable[[], Any]) -> tuple[int, float]:
+    """Runs `call()` on this thread while a heartbeat thread stamps the time in a Python loop.
+
+    Returns the number of heartbeats whose timestamps fall in the middle half of the call and
+    the call's duration. A call that holds the GIL starves the heartbeat for its whole
+    duration, so no timestamp can land inside it; one that releases it lets the heartbeat run.
+    """
+    stamps: list[float] = []
+    stop = threading.Event()
+    started = threading.Event()
+
+    def beat() -> None:
+        started.set()
+        while not stop.is_set():
+            stamps.append(time.perf_counter())
+
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-4)
+    t = threading.Thread(target=beat)
+    try:
+        t.start()
+        started.wait(TIMEOUT)
+        time.sleep(0.01)
+        t0 = time.perf_counter()
+        call()
+        t1 = time.perf_counter()
+    finally:
+        stop.set()
+        t.join(TIMEOUT)
+        sys.setswitchinterval(old)
+    lo, hi = t0 + 0.25 * (t1 - t0), t0 + 0.75 * (t1 - t0)
+    return sum(lo <= x <= hi for x in stamps), t1 - t0
+
+
+@functools.cache
+def _big_inputs() -> dict[str, Callable[[], Any]]:
+    rng = np.random.default_rng(1)
+    chain = ss.Tree.chain(np.zeros(48, dtype=np.int64))
+    vocab = 100_000
+    logits = rng.normal(size=(48, vocab)).astype(np.float32)
+    logits[:, 0] = 50.0  # token 0 wins every row: the walk visits all 48 rows
+    trees = ss.TreeBatch([chain] * 16)
+    # Node 1 is rejected and the chain 2..n-1 accepted: every kept entry moves one slot down.
+    n = 4000
+    detour = ss.Tree(
+        np.r_[-1, 0, 0, np.arange(2, n - 1)].astype(np.int32),
+        np.r_[0, 9, np.zeros(n - 2, np.int64)],
+    )
+    r_shift = ss.verify(ss.TreeBatch([detour] * 8), target_tokens=np.zeros(8 * n, np.int64))
+    cache = np.zeros((8, n + 16, 512), dtype=np.float32)
+    parents = np.r_[-1, rng.integers(-1, np.arange(1, 400_000))]
+    edge = -rng.exponential(size=400_000)
+    return {
+        "verify_sampled": lambda: ss.verify(chain, logits, temperature=0.7, top_p=0.95, seed=1),
+        "attention_mask": lambda: trees.attention_mask(400_000),
+        "compact_kv": lambda: ss.compact_kv(cache, r_shift, 16, seq_dim=1, batch_dim=0),
+        "top_n_tree": lambda: ss.top_n_tree(parents, edge, 4096, cumulative=False),
+    }
+
+
+@pytest.mark.parametrize("name", ["verify_sampled", "attention_mask", "compact_kv", "top_n_tree"])
+def test_gil_released_heartbeat(name: str) -> None:
+    call = _big_inputs()[name]
+    call()  # warm up (page in, thread pool)
+    best = 0
+    for _ in range(3):
+        beats, dur = _heartbeat_during(call)
+        best = max(best, beats)
+        if beats > 0 and dur > 0.004:
+            break
+    assert dur > 0.004, f"{name}: the call is too short ({dur * 1e3:.1f} ms) to observe"
+    assert best > 0, f"{name}: no heartbeat during a {dur * 1e3:.1f} ms call: GIL held"
+
+
+def test_heartbeat_detects_a_gil_holding_call() -> None:
+    """The probe has teeth: builtin `sum` over a range is one C loop that never releases the
+    GIL, so no heartbeat can land inside it."""
+    beats, dur = _heartbeat_during(lambda: sum(range(3_000_000)))
+    assert dur > 0.004
+    assert beats == 0
+
+
+def test_no_deadlock_tiny_switch_interval(shared: dict[str, Any]) -> None:
+    work = _workloads(shared)
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        with ThreadPoolExecutor(THREADS) as pool:
+            futures = [pool.submit(work[name], i) for i in range(4) for name in work]
+            for fut in futures:
+                fut.result(timeout=TIMEOUT)
+    finally:
+        sys.setswitchinterval(old)
+    assert sys.getswitchinterval() == old
+
+
+def test_dynamic_builders_per_thread_match_serial() -> None:
+    """Each thread drives its own DynamicTreeBuilder (stateful objects are not shared)."""
+    rng = np.random.default_rng(3)
+    b, k = 4, 3
+    root = rng.integers(0, 100, b)
+    tk = rng.integers(0, 100, (b, k))
+    lp = np.sort(-rng.exponential(size=(b, k)), axis=1)[:, ::-1].copy()
+    steps = [
+        (
+            rng.integers(0, 100, (b, k, k)),
+            np.sort(-rng.exponential(size=(b, k, k)))[..., ::-1].copy(),
+        )
+        for _ in range(3)
+    ]
+
+    def run() -> Any:
+        d = ss.DynamicTreeBuilder(b, k, 4, 10)
+        outs = [d.start(root, tk, lp)]
+        outs += [d.expand(t, p) for t, p in steps]
+        batch, pool_index = d.build()
+        return _flat([*outs, batch.parents, batch.tokens, pool_index])
+
+    serial = run()
+    with ThreadPoolExecutor(THREADS) as pool:
+        for fut in [pool.submit(run) for _ in range(24)]:
+            assert fut.result(timeout=TIMEOUT) == serial
+
+
+def test_shared_builder_is_safe_or_refuses() -> None:
+    """A DynamicTreeBuilder shared by threads either serves a call or refuses it with a
+    RuntimeError (PyO3's borrow check); it never races, and a served call is correct."""
+    rng = np.random.default_rng(4)
+    b, k = 2, 2
+    root = rng.integers(0, 50, b)
+    tk = rng.integers(0, 50, (b, k))
+    lp = np.sort(-rng.exponential(size=(b, k)), axis=1)[:, ::-1].copy()
+    expected = _flat(ss.DynamicTreeBuilder(b, k, 3, 5).start(root, tk, lp))
+    shared_builder = ss.DynamicTreeBuilder(b, k, 3, 5)
+    refused = 0
+
+    def call() -> Any:
+        try:
+            return _flat(shared_builder.start(root, tk, lp))
+        except RuntimeError as e:
+            assert "borrow" in str(e).lower()
+            return None
+
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        with ThreadPoolExecutor(THREADS) as pool:
+            for fut in [pool.submit(call) for _ in range(200)]:
+                got = fut.result(timeout=TIMEOUT)
+                if got is None:
+                    refused += 1
+                else:
+                    assert got == expected
+    finally:
+        sys.setswitchinterval(old)
+    assert refused < 200

@@ -1,0 +1,62 @@
+"""The hostile-input matrix (tests/hostile_matrix.py), run in a subprocess so a segfault or an
+abort in the extension fails this test, naming the case, instead of killing pytest."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+MATRIX = Path(__file__).with_name("hostile_matrix.py")
+
+
+@pytest.fixture(scope="module")
+def matrix() -> dict[str, list[dict[str, object]]]:
+    proc = subprocess.run(
+        [sys.executable, str(MATRIX)], capture_output=True, text=True, timeout=300
+    )
+    if proc.returncode != 0:
+        started = [line for line in proc.stderr.splitlines() if line.startswith("START")]
+        last = started[-1] if started else "(before the first case)"
+        pytest.fail(
+            f"the matrix process died with status {proc.returncode} during {last}\n"
+            f"{proc.stderr[-3000:]}"
+        )
+    result: dict[str, list[dict[str, object]]] = json.loads(proc.stdout)
+    return result
+
+
+def test_every_bad_input_raises_the_documented_error(matrix: dict) -> None:
+    cases = matrix["cases"]
+    failed = [f"{c['fn']} / {c['kind']}: {c['problem']}" for c in cases if not c["ok"]]
+    assert not failed, f"{len(failed)} of {len(cases)} cases failed:\n" + "\n".join(failed)
+    # The matrix must not silently shrink: every public entry point has its row of cases.
+    assert len(cases) >= 250
+    fns = {c["fn"] for c in cases}
+    for fn in (
+        "Tree",
+        "Tree.chain",
+        "Tree.from_choices",
+        "TreeBatch",
+        "TreeBatch.from_flat",
+        "verify",
+        "kv_compaction_plan",
+        "compact_kv",
+        "commit_slots",
+        "top_n_tree",
+        "optimal_tree",
+        "DynamicTreeBuilder",
+        "sglang.build_tree_kernel_efficient",
+        "sglang.verify_tree_greedy",
+    ):
+        assert fn in fns, fn
+
+
+def test_unusual_valid_inputs_match_plain_ones(matrix: dict) -> None:
+    accepted = matrix["accepted"]
+    failed = [f"{c['fn']} / {c['kind']}: {c['problem']}" for c in accepted if not c["ok"]]
+    assert not failed, "\n".join(failed)
+    assert len(accepted) >= 8
