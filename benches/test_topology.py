@@ -27,31 +27,10 @@ import specsched as ss
 from bench_inputs import run
 from specsched import reference as ref
 from specsched import sglang as sg
+from specsched.testing import sglang_draft
 
 # ---------------------------------------------------------------------------------------------
 # SGLang build
-
-
-def sglang_draft(bs: int, topk: int, steps: int, seed: int):
-    """A draft the way SGLang's `select_top_k_tokens` produces it (probabilities, products)."""
-    rng = np.random.default_rng(seed)
-
-    def probs(shape):
-        return -np.sort(-rng.random(shape), axis=-1).astype(np.float32)
-
-    p0 = probs((bs, topk))
-    score_list, token_list = [p0[:, None, :]], [rng.integers(0, 32000, size=(bs, topk))]
-    parents_list = [np.tile(np.arange(-1, topk), (bs, 1))]
-    scores = p0
-    for i in range(1, steps):
-        expand = scores[:, :, None] * probs((bs, topk, topk))
-        flat = expand.reshape(bs, -1)
-        cs = np.argsort(-flat, axis=1, kind="stable")[:, :topk]
-        scores = np.take_along_axis(flat, cs, axis=1)
-        score_list.append(expand)
-        token_list.append(rng.integers(0, 32000, size=(bs, topk * topk)))
-        parents_list.append(cs + topk * topk * (i - 1) + topk)
-    return score_list, token_list, parents_list
 
 
 def numpy_sglang_build(parent_list, sel, seq_lens, topk, n):
@@ -100,7 +79,7 @@ SGLANG = ["rust", "rust_alloc", "numpy_peer", "reference"]
 def test_sglang_build(benchmark, contender):
     bs, topk, steps, n = 64, 8, 4, 64
     benchmark.group = f"sglang build bs={bs} N={n} QLEN"
-    score_list, token_list, parents_list = sglang_draft(bs, topk, steps, seed=5)
+    score_list, token_list, parents_list = sglang_draft(np.random.default_rng(5), bs, topk, steps)
     pl, sel, draft = sg.organize_draft_results(score_list, token_list, parents_list, n)
     seq = np.random.default_rng(1).integers(100, 2000, size=bs)
     vid = np.arange(bs)

@@ -75,3 +75,21 @@ def index_arrays():
 
 # shared/ (read-only project data) sits beside the repository checkout.
 PUBLISHED_TREES = Path(__file__).resolve().parents[2] / "shared" / "data" / "published_trees.json"
+
+
+# A 5-node tree used by hand-checked cases:
+#                   0
+#                 /   \
+#                1     2        tokens: 100, 11, 12, 13, 14
+#               / \
+#              3   4
+P5 = [-1, 0, 0, 1, 1]
+T5 = [100, 11, 12, 13, 14]
+
+
+def children(parents: list[int]) -> list[list[int]]:
+    """Children of every node, in increasing index."""
+    kids: list[list[int]] = [[] for _ in parents]
+    for i in range(1, len(parents)):
+        kids[parents[i]].append(i)
+    return kids

@@ -17,7 +17,7 @@ from gil import heartbeat_gap
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from specsched import reference as ref
-from strategies import as_array, batches, index_arrays, trees
+from strategies import P5, T5, as_array, batches, children, index_arrays, trees
 
 VOCAB = 8
 SETTINGS = settings(deadline=None, max_examples=60)
@@ -32,23 +32,8 @@ CACHE_DTYPES = (
 )
 LAYOUTS = ("C", "F", "slice", "neg", "perm")
 
-# 5-node tree:      0
-#                 /   \
-#                1     2        tokens: 100, 11, 12, 13, 14
-#               / \
-#              3   4
-P5 = [-1, 0, 0, 1, 1]
-T5 = [100, 11, 12, 13, 14]
-
 
 # ------------------------------------------------------------------------------- helpers
-
-
-def children(parents: list[int]) -> list[list[int]]:
-    kids: list[list[int]] = [[] for _ in parents]
-    for i in range(1, len(parents)):
-        kids[parents[i]].append(i)
-    return kids
 
 
 def walk_targets(rnd: random.Random, parents: list[int], tokens: list[int]) -> list[int]:

@@ -17,6 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from specsched import reference as ref
 from specsched import sglang as sg
+from specsched.testing import sglang_draft
 
 # SGLang test/srt/test_build_eagle_tree.py: inputs ...
 SCORES = [
@@ -137,34 +138,6 @@ def parents_from_links(links, bs, n):
     return parents
 
 
-def simulate_draft(rng, bs, topk, steps, ties=False):
-    """SGLang-style drafting (`select_top_k_tokens`): step 0 is the root's top-k, every later
-    step expands the k frontier nodes by k and keeps the best k products."""
-
-    def probs(shape):
-        if ties:
-            p = rng.choice([0.5, 0.25, 0.125], size=shape)
-        else:
-            p = rng.random(shape)
-        return -np.sort(-p, axis=-1).astype(np.float32)
-
-    score_list, token_list = [], []
-    p0 = probs((bs, topk))
-    score_list.append(p0[:, None, :])
-    token_list.append(rng.integers(0, 20, size=(bs, topk)))
-    parents_list = [np.tile(np.arange(-1, topk), (bs, 1))]
-    scores = p0
-    for i in range(1, steps):
-        expand = scores[:, :, None] * probs((bs, topk, topk))
-        flat = expand.reshape(bs, -1)
-        cs = np.argsort(-flat, axis=1, kind="stable")[:, :topk]
-        scores = np.take_along_axis(flat, cs, axis=1)
-        score_list.append(expand)
-        token_list.append(rng.integers(0, 20, size=(bs, topk * topk)))
-        parents_list.append(cs + topk * topk * (i - 1) + topk)
-    return score_list, token_list, parents_list
-
-
 @settings(max_examples=60, deadline=None)
 @given(
     st.integers(1, 4),
@@ -177,7 +150,7 @@ def test_build_matches_reference_in_every_mask_mode(bs, topk, steps, data, ties)
     pool = topk + (steps - 1) * topk * topk
     n = data.draw(st.integers(1, min(pool + 1, 32)))
     rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
-    score_list, token_list, parents_list = simulate_draft(rng, bs, topk, steps, ties)
+    score_list, token_list, parents_list = sglang_draft(rng, bs, topk, steps, vocab=20, ties=ties)
     parent_list, top_index, draft = sg.organize_draft_results(
         score_list, token_list, parents_list, n
     )
@@ -205,7 +178,7 @@ def test_build_matches_reference_in_every_mask_mode(bs, topk, steps, data, ties)
 
 
 def verify_inputs(rng, bs, topk, steps, n):
-    score_list, token_list, parents_list = simulate_draft(rng, bs, topk, steps)
+    score_list, token_list, parents_list = sglang_draft(rng, bs, topk, steps, vocab=20)
     parent_list, top_index, draft = sg.organize_draft_results(
         score_list, token_list, parents_list, n
     )

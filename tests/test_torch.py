@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from specsched import _core, _torch
 from specsched import reference as ref
-from strategies import batches, trees
+from strategies import P5, T5, batches, children, trees
 
 torch = pytest.importorskip("torch")
 
@@ -27,23 +27,8 @@ REDUCES = ("auto", "host", "device")
 LAYOUTS = ("C", "T", "cols", "rows")
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
-# 5-node tree:      0
-#                 /   \
-#                1     2        tokens: 100, 11, 12, 13, 14
-#               / \
-#              3   4
-P5 = [-1, 0, 0, 1, 1]
-T5 = [100, 11, 12, 13, 14]
-
 
 # ------------------------------------------------------------------------------- helpers
-
-
-def children(parents: list[int]) -> list[list[int]]:
-    kids: list[list[int]] = [[] for _ in parents]
-    for i in range(1, len(parents)):
-        kids[parents[i]].append(i)
-    return kids
 
 
 def pairs(offsets):

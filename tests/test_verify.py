@@ -23,30 +23,15 @@ from gil import heartbeat_gap
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from specsched import reference as ref
-from strategies import TOKEN_DTYPES, as_array, batches, index_arrays, trees
+from strategies import P5, T5, TOKEN_DTYPES, as_array, batches, children, index_arrays, trees
 
 VOCAB = 8  # the strategies' default: sibling collisions and matches are common
 LOGIT_DTYPES = (np.float16, np.float32, np.float64)
 LAYOUTS = ("C", "F", "cols", "rows", "neg")
 SETTINGS = settings(deadline=None, max_examples=60)
 
-# 5-node tree:      0
-#                 /   \
-#                1     2        tokens: 100, 11, 12, 13, 14
-#               / \
-#              3   4
-P5 = [-1, 0, 0, 1, 1]
-T5 = [100, 11, 12, 13, 14]
-
 
 # ------------------------------------------------------------------------------- helpers
-
-
-def children(parents: list[int]) -> list[list[int]]:
-    kids: list[list[int]] = [[] for _ in parents]
-    for i in range(1, len(parents)):
-        kids[parents[i]].append(i)
-    return kids
 
 
 def walk_targets(rnd: random.Random, parents: list[int], tokens: list[int], vocab: int = VOCAB):

@@ -351,3 +351,30 @@ def check_rule(
         chi_square_pvalue(sim.counts, joint),
     )
     return verdict, sim
+
+
+def sglang_draft(
+    rng: np.random.Generator, bs: int, topk: int, steps: int, vocab: int = 32000, ties: bool = False
+) -> tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray]]:
+    """`(score_list, token_list, parents_list)` as SGLang's `select_top_k_tokens` drafts them:
+    step 0 is the root's top-k, every later step expands the k frontier nodes by k and keeps the
+    best k path products. `ties` draws probabilities from a few values so scores tie often."""
+
+    def probs(shape: tuple[int, ...]) -> np.ndarray:
+        p = rng.choice([0.5, 0.25, 0.125], size=shape) if ties else rng.random(shape)
+        return -np.sort(-p, axis=-1).astype(np.float32)
+
+    p0 = probs((bs, topk))
+    score_list = [p0[:, None, :]]
+    token_list = [rng.integers(0, vocab, size=(bs, topk))]
+    parents_list = [np.tile(np.arange(-1, topk), (bs, 1))]
+    scores = p0
+    for i in range(1, steps):
+        expand = scores[:, :, None] * probs((bs, topk, topk))
+        flat = expand.reshape(bs, -1)
+        cs = np.argsort(-flat, axis=1, kind="stable")[:, :topk]
+        scores = np.take_along_axis(flat, cs, axis=1)
+        score_list.append(expand)
+        token_list.append(rng.integers(0, vocab, size=(bs, topk * topk)))
+        parents_list.append(cs + topk * topk * (i - 1) + topk)
+    return score_list, token_list, parents_list
