@@ -165,27 +165,37 @@ pub fn conditional_probs(tree: TreeRef<'_>, model: &Acceptance) -> Result<Vec<f6
             ));
         }
     }
+    // Depth coverage was checked above, so the lookup cannot miss.
+    Ok(conditional_by(tree, |depth, rank| {
+        model.child_prob(depth, rank).unwrap_or(0.0)
+    }))
+}
+
+/// `q[v]` from a lookup `prob(depth of v, sibling rank of v)` (`q[0] = 1`): the one place every
+/// acceptance model (and Sequoia's per-rank vector) turns into per-node probabilities.
+pub fn conditional_by(tree: TreeRef<'_>, prob: impl Fn(usize, usize) -> f64) -> Vec<f64> {
     let mut q = vec![0.0; tree.num_nodes()];
     q[0] = 1.0;
     for v in 0..tree.num_nodes() {
         for (rank, c) in tree.children(v).enumerate() {
-            // Depth coverage was checked above, so the lookup cannot miss.
-            q[c] = model
-                .child_prob(tree.depths[c] as usize, rank)
-                .unwrap_or(0.0);
+            q[c] = prob(tree.depths[c] as usize, rank);
         }
     }
-    Ok(q)
+    q
+}
+
+/// Products of `q` along every root path, in place.
+pub fn path_products(tree: TreeRef<'_>, mut q: Vec<f64>) -> Vec<f64> {
+    // Parents come before children, so one forward pass multiplies along every path.
+    for v in 1..q.len() {
+        q[v] *= q[tree.parents[v] as usize];
+    }
+    q
 }
 
 /// `P(path to v accepted)` for every node (`1` at the root): the product of `q` along the path.
 pub fn path_probs(tree: TreeRef<'_>, model: &Acceptance) -> Result<Vec<f64>> {
-    let mut p = conditional_probs(tree, model)?;
-    // Parents come before children, so one forward pass multiplies along every path.
-    for v in 1..p.len() {
-        p[v] *= p[tree.parents[v] as usize];
-    }
-    Ok(p)
+    Ok(path_products(tree, conditional_probs(tree, model)?))
 }
 
 /// Expected tokens per step (accepted drafts plus the bonus): `1 + Σ_{v≠root} P(v)`.

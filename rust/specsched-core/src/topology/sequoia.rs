@@ -14,6 +14,7 @@ use std::cmp::Ordering;
 use std::collections::BinaryHeap;
 
 use crate::error::{Error, Result};
+use crate::sim;
 use crate::tree::{TreeRef, MAX_NODES};
 
 /// An optimal tree as choice paths (sibling ranks from the root, root implicit), in the order
@@ -76,17 +77,10 @@ pub fn is_non_increasing(p: &[f64]) -> bool {
 /// ranks past the end of `p` have probability 0.
 pub fn expected_accept_length(tree: TreeRef<'_>, p: &[f64]) -> Result<f64> {
     check_probs(p)?;
-    let n = tree.num_nodes();
-    let mut value = vec![0f64; n];
-    value[0] = 1.0;
-    let mut total = 1.0;
-    for v in 0..n {
-        for (r, c) in tree.children(v).enumerate() {
-            value[c] = value[v] * p.get(r).copied().unwrap_or(0.0);
-            total += value[c];
-        }
-    }
-    Ok(total)
+    // The simulator's path products under a rank-only lookup; only the validation differs
+    // (Sequoia's vectors need not sum to 1, the simulator's per-rank model must).
+    let q = sim::conditional_by(tree, |_, r| p.get(r).copied().unwrap_or(0.0));
+    Ok(sim::path_products(tree, q).iter().sum())
 }
 
 /// The DP tables for sizes `0..=n` and depth limits `0..=depth`.
