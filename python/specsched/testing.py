@@ -16,6 +16,8 @@ from typing import Any
 
 import numpy as np
 
+from specsched._core import Tree, TreeBatch
+
 
 def eagle_like_parents(num_nodes: int, rng: np.random.Generator, branching: int = 4) -> np.ndarray:
     """Tree-local parents of an EAGLE-like tree: node i hangs under one of the `branching`
@@ -378,3 +380,41 @@ def sglang_draft(
         token_list.append(rng.integers(0, vocab, size=(bs, topk * topk)))
         parents_list.append(cs + topk * topk * (i - 1) + topk)
     return score_list, token_list, parents_list
+
+
+class OracleDrafter:
+    """A `specsched.generate.Drafter` for tests: random trees (1..19 nodes) that hide a known
+    continuation (e.g. the autoregressive output) on the path to a random node, cut at a random
+    depth, so acceptance is deep, non-contiguous and random."""
+
+    def __init__(self, continuation: list[list[int]], seed: int, vocab: int = 256) -> None:
+        self.truth = continuation
+        self.rng = np.random.default_rng(seed)
+        self.vocab = vocab
+        self.done = [0] * len(continuation)
+
+    def start(self, input_ids: Any, first_tokens: np.ndarray, prefill: Any) -> None:
+        self.done = [1] * len(input_ids)
+
+    def propose(self, roots: np.ndarray, active: np.ndarray) -> TreeBatch:
+        trees = []
+        for b, root in enumerate(roots):
+            n = int(self.rng.integers(1, 20))
+            parents = [-1] + [int(self.rng.integers(0, i)) for i in range(1, n)]
+            tokens = [int(root)] + [int(self.rng.integers(0, self.vocab)) for _ in range(1, n)]
+            # Put the truth on the path to a random node (a prefix of it, at random depth).
+            v, path = int(self.rng.integers(0, n)), []
+            while v > 0:
+                path.append(v)
+                v = parents[v]
+            truth = self.truth[b][self.done[b] :]
+            keep = int(self.rng.integers(0, len(path) + 1))
+            for depth, node in enumerate(reversed(path)):
+                if depth < keep and depth < len(truth):
+                    tokens[node] = truth[depth]
+            trees.append(Tree(np.array(parents, np.int32), np.array(tokens, np.int64)))
+        return TreeBatch(trees)
+
+    def commit(self, trees: TreeBatch, result: Any, step: Any, active: Any) -> None:
+        for b in range(trees.num_trees):
+            self.done[b] += int(result.num_accepted[b]) + 1

@@ -1,0 +1,88 @@
+"""Model-free drafters for the decode loop (`specsched.generate`): no draft model, no torch.
+
+- `SuffixTreeDrafter`: specsched's `SuffixDrafter` (count-weighted suffix trees over each
+  request's context and over past responses) proposing trees; responses of finished requests
+  enter its global cache, so later `generate` calls draft from earlier ones.
+- `NgramChainDrafter`: vLLM's prompt-lookup n-gram proposer (a chain).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from itertools import count
+from typing import Any
+
+import numpy as np
+
+from specsched._core import NgramDrafter, SuffixDrafter, TreeBatch
+from specsched.generate import TargetStep
+
+
+class SuffixTreeDrafter:
+    """Suffix-tree drafts of up to `budget` draft tokens per request (`chain=True`: chains)."""
+
+    def __init__(
+        self,
+        budget: int = 16,
+        *,
+        max_depth: int = 64,
+        min_prob: float = 0.1,
+        max_spec_factor: float = 1.0,
+        chain: bool = False,
+        index: SuffixDrafter | None = None,
+    ) -> None:
+        self.index = index if index is not None else SuffixDrafter(max_depth=max_depth)
+        self.budget, self.min_prob, self.chain = budget, min_prob, chain
+        self.factor = max_spec_factor
+        self._ids = count()
+        self.request_ids = np.zeros(0, dtype=np.int64)
+
+    def start(
+        self, input_ids: Sequence[Sequence[int]], first_tokens: np.ndarray, prefill: TargetStep
+    ) -> None:
+        self.request_ids = np.array([next(self._ids) for _ in input_ids], dtype=np.int64)
+        for rid, prompt, first in zip(self.request_ids, input_ids, first_tokens, strict=True):
+            self.index.start_request(int(rid), np.array([*prompt, int(first)], dtype=np.int64))
+
+    def propose(self, roots: np.ndarray, active: np.ndarray) -> TreeBatch:
+        return self.index.propose_batch(
+            self.request_ids,
+            self.budget,
+            self.min_prob,
+            self.factor,
+            chain=self.chain,
+        )
+
+    def commit(self, trees: TreeBatch, result: Any, step: TargetStep, active: np.ndarray) -> None:
+        kept = result.num_accepted + 1
+        tokens = result.tokens
+        for b in np.flatnonzero(active):
+            self.index.append(int(self.request_ids[b]), tokens[b, : kept[b]])
+
+    def finish(self) -> None:
+        """Caches the finished responses in the global index and forgets the requests."""
+        for rid in self.request_ids:
+            self.index.finish_request(int(rid), cache=True)
+        self.request_ids = np.zeros(0, dtype=np.int64)
+
+
+class NgramChainDrafter:
+    """vLLM's n-gram proposer: the `k` tokens after the latest earlier occurrence of the
+    longest context suffix of length `min_n..max_n`."""
+
+    def __init__(self, k: int = 5, *, min_n: int = 1, max_n: int = 4) -> None:
+        self.proposer = NgramDrafter(min_n=min_n, max_n=max_n, k=k)
+        self.contexts: list[list[int]] = []
+
+    def start(
+        self, input_ids: Sequence[Sequence[int]], first_tokens: np.ndarray, prefill: TargetStep
+    ) -> None:
+        self.contexts = [[*p, int(f)] for p, f in zip(input_ids, first_tokens, strict=True)]
+
+    def propose(self, roots: np.ndarray, active: np.ndarray) -> TreeBatch:
+        return self.proposer.propose_batch([np.array(c, dtype=np.int64) for c in self.contexts])
+
+    def commit(self, trees: TreeBatch, result: Any, step: TargetStep, active: np.ndarray) -> None:
+        kept = result.num_accepted + 1
+        for b in np.flatnonzero(active):
+            self.contexts[b].extend(result.tokens[b, : kept[b]].tolist())

@@ -1,0 +1,304 @@
+"""The speculative decode loop, and the two small protocols a model plugs into it.
+
+One step, for every request of the batch at once:
+
+1. the drafter proposes a tree per request whose root is the request's last emitted token;
+2. the target scores every tree node in one forward (tree attention mask, positions
+   `length + depth`, KV written at `length + node`: DESIGN §1 and §5);
+3. `verify` picks each request's accepted path and bonus token (greedy, or lossless sampling);
+4. the target keeps the accepted path's KV (`compact_kv` / `commit_slots`) and drops the rest;
+5. the drafter is told what was committed (tokens, and the target's features on the path).
+
+Greedy speculative output is token-for-token the target's autoregressive greedy output; sampled
+output has the target's distribution (the default sample-and-match rule, DESIGN §4).
+
+`drafter=None` runs the same loop with root-only trees: plain autoregressive decoding, one token
+per target forward, which is the baseline every figure here is compared against.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+
+from specsched._core import BatchVerifyResult, TreeBatch
+from specsched._verify import verify
+
+
+@dataclass
+class TargetStep:
+    """What a target forward gives the loop.
+
+    `logits`: the target's next-token logits, one row per scored position (numpy or torch, any
+    device `verify` accepts). `features`: the hidden states an EAGLE-style drafter reads (same
+    rows), or None.
+    """
+
+    logits: Any
+    features: Any = None
+
+
+class TargetModel(Protocol):
+    """A causal LM with a KV cache that can score a draft tree in one forward.
+
+    The target keeps, per batch row, the committed length `L_b` of its cache.
+    """
+
+    def prefill(self, input_ids: Sequence[Sequence[int]]) -> TargetStep:
+        """Starts a batch: runs each prompt into the cache (`L_b = len(prompt_b)`). `logits
+        [B, V]`: the prediction after each prompt's last token; `features [B, P_max, d]` (row
+        b valid for its prompt length) or None."""
+        ...
+
+    def forward_tree(self, trees: TreeBatch) -> TargetStep:
+        """Scores `trees` (one per batch row; node i of row b at position `L_b + depth(i)`,
+        attending to the committed cache and its own ancestors, KV written at `L_b + i`).
+        `logits [T, V]` and `features [T, d]` (or None), one row per node, flat."""
+        ...
+
+    def accept(self, result: BatchVerifyResult) -> None:
+        """Keeps each row's accepted path (`result.accepted_nodes`) at `L_b + 0..k_b`, then
+        `L_b += k_b + 1`."""
+        ...
+
+
+class Drafter(Protocol):
+    """Proposes draft trees. Optional: `build_seconds` (float, cumulative time spent inside
+    specsched's tree builders, reported as specsched's share) and `finish()` (called once when
+    the batch is done)."""
+
+    def start(
+        self, input_ids: Sequence[Sequence[int]], first_tokens: np.ndarray, prefill: TargetStep
+    ) -> None:
+        """A new batch: the prompts, the first emitted token of each and the prefill output."""
+        ...
+
+    def propose(self, roots: np.ndarray, active: np.ndarray) -> TreeBatch:
+        """One tree per row with root token `roots[b]`. Rows with `active[b] == False` are
+        finished; their trees are replaced by the root alone, so a drafter may skip them."""
+        ...
+
+    def commit(
+        self, trees: TreeBatch, result: BatchVerifyResult, step: TargetStep, active: np.ndarray
+    ) -> None:
+        """The target verified `trees` (`step` is its forward); `result` is what it kept."""
+        ...
+
+
+@dataclass
+class Generation:
+    """Tokens and per-step statistics of one `generate` call.
+
+    `tokens[b]`: the new tokens of request b (EOS included when it stopped on one).
+    `accepted[b]`: draft tokens accepted at each verify step while b was running.
+    `forwards[b]`: target forwards b took part in (its prefill included).
+    Times are seconds: `target_s` (prefill and tree forwards), `draft_s` (the drafter, without
+    the time it spent in specsched's builders), `build_s`, `verify_s` and `kv_s` (specsched:
+    tree building, verification, KV compaction), `wall_s` (the whole call).
+    """
+
+    tokens: list[list[int]]
+    accepted: list[list[int]]
+    forwards: list[int]
+    steps: int = 0
+    prefill_s: float = 0.0
+    target_s: float = 0.0
+    draft_s: float = 0.0
+    build_s: float = 0.0
+    verify_s: float = 0.0
+    kv_s: float = 0.0
+    wall_s: float = 0.0
+    step_nodes: list[int] = field(default_factory=list)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(len(t) for t in self.tokens)
+
+    @property
+    def tokens_per_forward(self) -> float:
+        """Emitted tokens per target forward, per request (1.0 for autoregressive decoding)."""
+        return self.num_tokens / max(1, sum(self.forwards))
+
+    @property
+    def mean_accepted(self) -> float:
+        """Mean draft tokens accepted per verify step (bonus excluded)."""
+        flat = [a for row in self.accepted for a in row]
+        return float(np.mean(flat)) if flat else 0.0
+
+    @property
+    def specsched_s(self) -> float:
+        """specsched's own time: tree building, verification and KV compaction."""
+        return self.build_s + self.verify_s + self.kv_s
+
+    @property
+    def specsched_share(self) -> float:
+        """specsched's time over the target's tree-forward time (prefill excluded)."""
+        tree_forward_s = self.target_s - self.prefill_s
+        return self.specsched_s / tree_forward_s if tree_forward_s > 0 else 0.0
+
+
+def root_only(roots: np.ndarray) -> TreeBatch:
+    """A batch of single-node trees: autoregressive decoding in the tree loop's terms."""
+    b = roots.shape[0]
+    return TreeBatch.from_flat(np.full(b, -1, np.int32), roots, np.arange(b + 1, dtype=np.int64))
+
+
+def _retire(trees: TreeBatch, active: np.ndarray) -> TreeBatch:
+    """`trees` with the rows of finished requests cut to their root."""
+    offsets = trees.offsets
+    keep = np.ones(trees.num_nodes, dtype=bool)
+    for b in np.flatnonzero(~active):
+        keep[offsets[b] + 1 : offsets[b + 1]] = False
+    sizes = np.diff(offsets)
+    sizes[~active] = 1
+    new_offsets = np.zeros(offsets.shape[0], np.int64)
+    np.cumsum(sizes, out=new_offsets[1:])
+    return TreeBatch.from_flat(trees.parents[keep], trees.tokens[keep], new_offsets)
+
+
+def _step_seed(seed: int | None, step: int) -> int | None:
+    """An independent 64-bit seed per verify step (the draws are keyed by (seed, row, node))."""
+    if seed is None:
+        return None
+    return int(np.random.SeedSequence([seed, step]).generate_state(1, np.uint64)[0])
+
+
+def _check_prompts(input_ids: Sequence[Sequence[int]]) -> list[list[int]]:
+    if isinstance(input_ids, (str, bytes)) or not isinstance(input_ids, Sequence):
+        raise TypeError("input_ids: expected a sequence of token sequences")
+    if len(input_ids) == 0:
+        raise ValueError("input_ids: expected at least one prompt")
+    prompts = []
+    for b, prompt in enumerate(input_ids):
+        row = [int(t) for t in prompt]
+        if not row:
+            raise ValueError(f"input_ids[{b}]: empty prompt")
+        if min(row) < 0:
+            raise ValueError(f"input_ids[{b}]: negative token id {min(row)}")
+        prompts.append(row)
+    return prompts
+
+
+def generate(
+    target: TargetModel,
+    drafter: Drafter | None,
+    input_ids: Sequence[Sequence[int]],
+    max_new_tokens: int,
+    *,
+    temperature: float = 0.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    seed: int | None = None,
+    eos_token_id: int | None = None,
+) -> Generation:
+    """Generates up to `max_new_tokens` tokens per prompt with tree speculative decoding.
+
+    `drafter=None` decodes autoregressively through the same loop. `temperature=0` is greedy;
+    otherwise each token is sampled from the target's distribution after `temperature`, `top_k`
+    and `top_p` (lossless; `seed` makes the run reproducible). A request stops after
+    `max_new_tokens` tokens or after emitting `eos_token_id`; tokens accepted past either are
+    dropped.
+    """
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens: expected >= 1, got {max_new_tokens}")
+    prompts = _check_prompts(input_ids)
+    greedy = temperature == 0.0
+    sampling: dict[str, Any] = (
+        {} if greedy else {"temperature": temperature, "top_k": top_k, "top_p": top_p}
+    )
+    clock = time.perf_counter
+    n = len(prompts)
+    out = Generation([[] for _ in range(n)], [[] for _ in range(n)], forwards=[1] * n)
+    wall0 = clock()
+
+    t0 = clock()
+    prefill = target.prefill(prompts)
+    out.prefill_s = out.target_s = clock() - t0
+
+    # The prefill's last row per prompt is "node 0 of a root-only tree": verify picks the
+    # first token with exactly the rules every later token gets.
+    t0 = clock()
+    last = np.array([p[-1] for p in prompts], dtype=np.int64)
+    first = verify(root_only(last), prefill.logits, seed=_step_seed(seed, 0), **sampling)
+    assert isinstance(first, BatchVerifyResult)
+    out.verify_s += clock() - t0
+    roots = np.array(first.tokens[:, 0], dtype=np.int64)
+    active = np.ones(n, dtype=bool)
+    for b in range(n):
+        _emit(out, b, roots[b : b + 1], max_new_tokens, eos_token_id, active)
+
+    if drafter is not None:
+        t0 = clock()
+        drafter.start(prompts, roots.copy(), prefill)
+        out.draft_s += clock() - t0
+    build0 = float(getattr(drafter, "build_seconds", 0.0))
+
+    while active.any():
+        out.steps += 1
+        t0 = clock()
+        if drafter is None:
+            trees = root_only(roots)
+        else:
+            trees = drafter.propose(roots.copy(), active.copy())
+            if trees.num_trees != n:
+                raise ValueError(f"drafter.propose: {trees.num_trees} trees for {n} requests")
+            if not np.array_equal(trees.tokens[trees.offsets[:-1]], roots):
+                raise ValueError("drafter.propose: a tree's root is not its request's last token")
+            if not active.all():
+                trees = _retire(trees, active)
+        t1 = clock()
+        step = target.forward_tree(trees)
+        t2 = clock()
+        result = verify(trees, step.logits, seed=_step_seed(seed, out.steps), **sampling)
+        assert isinstance(result, BatchVerifyResult)
+        t3 = clock()
+        target.accept(result)
+        t4 = clock()
+        if drafter is not None:
+            drafter.commit(trees, result, step, active.copy())
+        t5 = clock()
+        out.draft_s += (t1 - t0) + (t5 - t4)
+        out.target_s += t2 - t1
+        out.verify_s += t3 - t2
+        out.kv_s += t4 - t3
+        out.step_nodes.append(int(trees.num_nodes))
+
+        num_accepted = result.num_accepted
+        emitted = result.tokens
+        for b in np.flatnonzero(active).tolist():
+            k = int(num_accepted[b])
+            out.accepted[b].append(k)
+            out.forwards[b] += 1
+            roots[b] = emitted[b, k]
+            _emit(out, b, emitted[b, : k + 1], max_new_tokens, eos_token_id, active)
+
+    if drafter is not None:
+        built = float(getattr(drafter, "build_seconds", 0.0)) - build0
+        out.build_s += built
+        out.draft_s -= built
+        finish = getattr(drafter, "finish", None)
+        if finish is not None:
+            finish()
+    out.wall_s = clock() - wall0
+    return out
+
+
+def _emit(
+    out: Generation,
+    b: int,
+    tokens: np.ndarray,
+    max_new_tokens: int,
+    eos_token_id: int | None,
+    active: np.ndarray,
+) -> None:
+    """Appends request b's newly committed tokens, cut at EOS and at the length limit."""
+    row = out.tokens[b]
+    for tok in tokens.tolist():
+        row.append(tok)
+        if tok == eos_token_id or len(row) >= max_new_tokens:
+            active[b] = False
+            return

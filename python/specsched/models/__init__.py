@@ -1,0 +1,1 @@
+"""Small models that run the whole speculative loop (torch required)."""

@@ -1,0 +1,276 @@
+"""EAGLE-style drafters for the decode loop (`specsched.generate`), driving an `EagleHead`.
+
+The head keeps its own KV cache `[2, B, H, S, D]`. Draft position p holds the pair
+(target feature f_p, token x_{p+1}); its output predicts f_{p+1}, whose LM-head logits give the
+candidates for x_{p+2}. After each verify step the accepted path's pairs (the target's features
+on the path, each with the token that followed it) are *pending*; the next proposal feeds them
+in one head forward (EAGLE's "accepted tokens" pass), whose last output drafts depth 1. Tree
+tokens are then fed level by level after the committed entries and forgotten afterwards:
+committed lengths only grow by what the target accepted.
+
+- `EagleDrafter`: EAGLE-2/3 dynamic trees. Each level keeps the best `topk` of the `topk²`
+  children by cumulative log probability and the final tree is the best `budget - 1`
+  candidates, all bookkeeping in specsched's Rust `DynamicTreeBuilder`. `topk=1` is the
+  greedy chain (`EagleDrafter.chain`).
+- `EagleStaticDrafter`: a fixed topology (choices, e.g. from `specsched.optimal_tree` or a
+  published EAGLE/Medusa tree) filled with the head's rank-r candidate at each rank-r child.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from specsched._core import DynamicTreeBuilder, Tree, TreeBatch
+from specsched.generate import TargetStep
+from specsched.models.tiny import EagleHead, TinyLM, cache_mask
+
+
+class _HeadState:
+    """The head's cache, committed lengths and pending (feature, next token) pairs."""
+
+    def __init__(self, target: TinyLM, head: EagleHead, headroom: int) -> None:
+        self.target, self.head, self.headroom = target, head, headroom
+        param = next(head.parameters())
+        self.device, self.dtype = param.device, param.dtype
+        self.cache = torch.empty(0)
+        self.lengths = torch.zeros(0, dtype=torch.int64)
+        self.pending_features: list[torch.Tensor] = []
+        self.pending_tokens: list[torch.Tensor] = []
+        self.build_seconds = 0.0
+
+    def start(
+        self, prompts: Sequence[Sequence[int]], first_tokens: np.ndarray, prefill: TargetStep
+    ) -> None:
+        b = len(prompts)
+        cfg = self.head.cfg
+        self.cache = torch.zeros(
+            (2, b, cfg.n_heads, self.headroom, cfg.head_dim), dtype=self.dtype, device=self.device
+        )
+        self.lengths = torch.zeros(b, dtype=torch.int64, device=self.device)
+        features = prefill.features
+        self.pending_features = [features[i, : len(p)] for i, p in enumerate(prompts)]
+        self.pending_tokens = [
+            torch.as_tensor([*p[1:], int(first_tokens[i])], device=self.device)
+            for i, p in enumerate(prompts)
+        ]
+
+    def reserve(self, needed: int) -> None:
+        if self.cache.shape[3] >= needed:
+            return
+        grown = torch.zeros(
+            (
+                *self.cache.shape[:3],
+                max(needed + self.headroom, 2 * self.cache.shape[3]),
+                self.cache.shape[4],
+            ),
+            dtype=self.dtype,
+            device=self.device,
+        )
+        grown[:, :, :, : self.cache.shape[3]] = self.cache
+        self.cache = grown
+
+    def draft_logprobs(self, predicted: torch.Tensor) -> torch.Tensor:
+        return torch.log_softmax(self.target.logits(predicted).float(), dim=-1)
+
+    def feed(
+        self,
+        features: torch.Tensor,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        columns: torch.Tensor,
+        tree_mask: torch.Tensor,
+    ) -> torch.Tensor:
+        """One head forward over `[B, n]` inputs written at `lengths + columns` (columns
+        `[n]` or `[B, n]`), attending to the committed entries and `tree_mask [B, n, m]` over
+        the tree columns `lengths + 0..m`."""
+        self.reserve(int(self.lengths.max()) + tree_mask.shape[-1])
+        write_at = self.lengths[:, None] + columns
+        return self.head.step(
+            features,
+            self.target.embed(tokens),
+            positions,
+            write_at,
+            cache_mask(self.lengths, tree_mask),
+            self.cache,
+        )
+
+    def feed_pending(self) -> torch.Tensor:
+        """Feeds every row's pending pairs; returns the last output per row `[B, d]` (the
+        predicted feature at the root's position) and commits them."""
+        counts = torch.as_tensor([t.shape[0] for t in self.pending_tokens], device=self.device)
+        b, m = counts.shape[0], int(counts.max())
+        d = self.head.cfg.d_model
+        features = torch.zeros((b, m, d), dtype=self.dtype, device=self.device)
+        tokens = torch.zeros((b, m), dtype=torch.int64, device=self.device)
+        for i in range(b):
+            features[i, : counts[i]] = self.pending_features[i]
+            tokens[i, : counts[i]] = self.pending_tokens[i]
+        columns = torch.arange(m, device=self.device)
+        causal = torch.ones((m, m), dtype=torch.bool, device=self.device).tril().expand(b, m, m)
+        out = self.feed(features, tokens, self.lengths[:, None] + columns, columns, causal)
+        self.lengths = self.lengths + counts
+        return out[torch.arange(b, device=self.device), counts - 1]
+
+    def commit(self, trees: TreeBatch, result: Any, step: TargetStep) -> None:
+        accepted = result.accepted_nodes
+        kept = result.num_accepted.astype(np.int64) + 1
+        offsets = trees.offsets
+        flat = np.concatenate([offsets[i] + accepted[i, : kept[i]] for i in range(len(kept))])
+        features = step.features[torch.as_tensor(flat, device=step.features.device)]
+        tokens = torch.tensor(result.tokens, device=self.device)  # copies the read-only view
+        self.pending_features = list(features.to(self.dtype).split(kept.tolist()))
+        self.pending_tokens = [tokens[i, : kept[i]] for i in range(len(kept))]
+
+
+class EagleDrafter:
+    """EAGLE-2/3 dynamic tree drafting with specsched's `DynamicTreeBuilder`."""
+
+    def __init__(
+        self,
+        target: TinyLM,
+        head: EagleHead,
+        *,
+        topk: int = 8,
+        depth: int = 6,
+        budget: int = 48,
+        headroom: int = 512,
+    ) -> None:
+        self.topk, self.depth, self.budget = topk, depth, budget
+        self.state = _HeadState(target, head, headroom)
+        self.builder: DynamicTreeBuilder | None = None
+
+    @classmethod
+    def chain(cls, target: TinyLM, head: EagleHead, *, depth: int = 6) -> EagleDrafter:
+        """The greedy chain: top-1 at each of `depth` levels (`depth + 1` verified tokens)."""
+        return cls(target, head, topk=1, depth=depth, budget=depth + 1)
+
+    @property
+    def build_seconds(self) -> float:
+        return self.state.build_seconds
+
+    def start(
+        self, input_ids: Sequence[Sequence[int]], first_tokens: np.ndarray, prefill: TargetStep
+    ) -> None:
+        self.state.start(input_ids, first_tokens, prefill)
+        self.builder = DynamicTreeBuilder(len(input_ids), self.topk, self.depth, self.budget)
+
+    @torch.inference_mode()
+    def propose(self, roots: np.ndarray, active: np.ndarray) -> TreeBatch:
+        state, builder, k = self.state, self.builder, self.topk
+        assert builder is not None, "start() first"
+        clock = time.perf_counter
+        root_out = state.feed_pending()
+        top = state.draft_logprobs(root_out).topk(k, dim=-1)
+        t0 = clock()
+        tokens, parent_slot, mask, positions = builder.start(
+            roots,
+            top.indices.cpu().numpy(),
+            top.values.cpu().numpy(),
+            (state.lengths - 1).cpu().numpy(),
+        )
+        state.build_seconds += clock() - t0
+        features = root_out[:, None].expand(-1, k, -1)
+        slots = torch.arange(k, device=state.device)
+        for level in range(1, self.depth):
+            dev = state.device
+            out = state.feed(
+                features,
+                torch.as_tensor(tokens, device=dev),
+                torch.as_tensor(positions, device=dev),
+                (level - 1) * k + slots,
+                torch.as_tensor(mask, device=dev),
+            )
+            top = state.draft_logprobs(out).topk(k, dim=-1)
+            t0 = clock()
+            tokens, parent_slot, mask, positions = builder.expand(
+                top.indices.cpu().numpy(), top.values.cpu().numpy()
+            )
+            state.build_seconds += clock() - t0
+            features = out.gather(
+                1, torch.as_tensor(parent_slot, device=dev)[:, :, None].expand_as(out)
+            )
+        t0 = clock()
+        trees, _ = builder.build()
+        state.build_seconds += clock() - t0
+        return trees
+
+    def commit(self, trees: TreeBatch, result: Any, step: TargetStep, active: np.ndarray) -> None:
+        self.state.commit(trees, result, step)
+
+
+class EagleStaticDrafter:
+    """A fixed tree (choice paths) whose rank-r children take the head's r-th candidate."""
+
+    def __init__(
+        self,
+        target: TinyLM,
+        head: EagleHead,
+        choices: Sequence[Sequence[int]],
+        *,
+        headroom: int = 512,
+    ) -> None:
+        self.topology = Tree.from_choices([tuple(c) for c in choices])
+        parents = self.topology.parents
+        depths = self.topology.depths
+        n = self.topology.num_nodes
+        ranks = np.zeros(n, dtype=np.int64)
+        seen: dict[int, int] = {}
+        for v in range(1, n):  # siblings are ordered by node index: rank = order of appearance
+            ranks[v] = seen.get(int(parents[v]), 0)
+            seen[int(parents[v])] = ranks[v] + 1
+        self.parents, self.ranks = np.asarray(parents), ranks
+        self.levels = [np.flatnonzero(depths == t) for t in range(int(depths.max()) + 1)]
+        self.ancestors = torch.as_tensor(self.topology.attention_mask()[:, 1:])
+        self.state = _HeadState(target, head, headroom)
+
+    @property
+    def build_seconds(self) -> float:
+        return self.state.build_seconds
+
+    def start(
+        self, input_ids: Sequence[Sequence[int]], first_tokens: np.ndarray, prefill: TargetStep
+    ) -> None:
+        self.state.start(input_ids, first_tokens, prefill)
+
+    @torch.inference_mode()
+    def propose(self, roots: np.ndarray, active: np.ndarray) -> TreeBatch:
+        state = self.state
+        dev = state.device
+        b, n = roots.shape[0], self.topology.num_nodes
+        tokens = torch.zeros((b, n), dtype=torch.int64, device=dev)
+        tokens[:, 0] = torch.as_tensor(roots, device=dev)
+        outputs = torch.zeros((b, n, state.head.cfg.d_model), dtype=state.dtype, device=dev)
+        outputs[:, 0] = state.feed_pending()
+        ancestors = self.ancestors.to(dev)
+        for depth, nodes in enumerate(self.levels[1:], start=1):
+            parents = self.parents[nodes]
+            need = int(self.ranks[nodes].max()) + 1
+            cands = state.draft_logprobs(outputs[:, np.unique(parents)]).topk(need, dim=-1)
+            slot = torch.as_tensor(np.searchsorted(np.unique(parents), parents), device=dev)
+            tokens[:, nodes] = cands.indices[:, slot, torch.as_tensor(self.ranks[nodes])]
+            if depth == len(self.levels) - 1:
+                break  # leaves are verified, never fed
+            columns = torch.as_tensor(nodes - 1, device=dev)
+            outputs[:, nodes] = state.feed(
+                outputs[:, parents],
+                tokens[:, nodes],
+                state.lengths[:, None] - 1 + depth,
+                columns,
+                ancestors[nodes][:, : int(nodes.max())].expand(b, -1, -1),
+            )
+        t0 = time.perf_counter()
+        trees = TreeBatch.from_flat(
+            np.tile(self.parents.astype(np.int32), b),
+            tokens.reshape(-1).cpu().numpy(),
+            np.arange(b + 1, dtype=np.int64) * n,
+        )
+        state.build_seconds += time.perf_counter() - t0
+        return trees
+
+    def commit(self, trees: TreeBatch, result: Any, step: TargetStep, active: np.ndarray) -> None:
+        self.state.commit(trees, result, step)

@@ -1,0 +1,377 @@
+"""A tiny byte-level decoder-only transformer that scores draft trees over a KV cache, and an
+EAGLE-style draft head for it.
+
+The target (`TinyLM`) is a pre-norm transformer (RMSNorm, rotary positions, SwiGLU, tied
+embeddings) over the 256 byte values. Every attention call takes explicit positions and a
+boolean mask, so the same code runs training (causal), prefill (causal per row), tree
+verification (each tree token sees the committed prefix and its own ancestors) and drafting.
+
+The KV cache is ONE tensor `[layers, 2, batch, heads, seq, head_dim]`, so a single
+`specsched.compact_kv(cache, result, lengths, seq_dim=4, batch_dim=2)` call keeps the accepted
+path of every request in every layer. Keys are stored after the rotary embedding, at the
+position of the token they belong to; a move therefore needs no re-rotation (an accepted node
+at depth j sits at position `length + j`, exactly where compaction puts it).
+
+The draft head (`EagleHead`, EAGLE-1/2 style) is one decoder layer over `fc([feature, embedding
+of the next token])`, where `feature` is the target's final hidden state. It reuses the target's
+embedding and LM head, so its own weights are only `fc` and the layer. It predicts the next
+feature; the LM head turns that into the draft distribution.
+
+`scripts/train_tiny.py` trains both on the Python standard library's source (bytes) and writes
+`tiny_stdlib/` (float16 `.npz` weights, the config and the measured losses).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+WEIGHTS_DIR = Path(__file__).parent / "tiny_stdlib"
+
+
+@dataclass(frozen=True)
+class TinyConfig:
+    """Shape of the tiny target (and of its draft head's layer)."""
+
+    vocab_size: int = 256
+    d_model: int = 192
+    n_layers: int = 4
+    n_heads: int = 4
+    d_ff: int = 512
+    max_positions: int = 8192
+    rope_base: float = 10000.0
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_heads
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float = 1e-5) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+
+
+class Rotary(nn.Module):
+    """cos/sin tables, indexed by explicit positions (tree positions are not `arange`)."""
+
+    cos: torch.Tensor
+    sin: torch.Tensor
+
+    def __init__(self, cfg: TinyConfig) -> None:
+        super().__init__()
+        half = cfg.head_dim // 2
+        inv = cfg.rope_base ** (-torch.arange(half, dtype=torch.float64) / half)
+        angles = torch.arange(cfg.max_positions, dtype=torch.float64)[:, None] * inv[None, :]
+        self.register_buffer("cos", angles.cos().float(), persistent=False)
+        self.register_buffer("sin", angles.sin().float(), persistent=False)
+
+    def tables(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
+        """`(cos, sin)` `[B, 1, n, head_dim/2]` for int64 `positions [B, n]`."""
+        if int(positions.max()) >= self.cos.shape[0]:
+            raise ValueError(
+                f"positions: {int(positions.max())} is beyond the model's "
+                f"max_positions {self.cos.shape[0]}"
+            )
+        return self.cos[positions][:, None].to(dtype), self.sin[positions][:, None].to(dtype)
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half], x[..., half:]
+    return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
+
+
+class CacheSlot:
+    """Where a forward writes its keys/values: `kv[2, B, H, S, D]` at sequence indices
+    `write_at [B, n]`; it then attends over the first `span` entries."""
+
+    def __init__(self, kv: torch.Tensor, write_at: torch.Tensor, span: int) -> None:
+        self.kv = kv
+        self.rows = torch.arange(kv.shape[1], device=kv.device)[:, None]
+        self.write_at = write_at
+        self.span = span
+
+
+class Block(nn.Module):
+    """Pre-norm attention + SwiGLU block."""
+
+    def __init__(self, cfg: TinyConfig) -> None:
+        super().__init__()
+        self.n_heads = cfg.n_heads
+        self.head_dim = cfg.head_dim
+        self.attn_norm = RMSNorm(cfg.d_model)
+        self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model, bias=False)
+        self.out = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
+        self.mlp_norm = RMSNorm(cfg.d_model)
+        self.gate_up = nn.Linear(cfg.d_model, 2 * cfg.d_ff, bias=False)
+        self.down = nn.Linear(cfg.d_ff, cfg.d_model, bias=False)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        rope: tuple[torch.Tensor, ...],
+        mask: torch.Tensor | None,
+        slot: CacheSlot | None = None,
+    ) -> torch.Tensor:
+        """`x [B, n, d]`; `mask` bool `[B, 1, n, keys]` (True = attend) or None for causal;
+        with `slot`, keys are the cache's first `slot.span` entries after this call's writes."""
+        b, n, d = x.shape
+        qkv = self.qkv(self.attn_norm(x)).view(b, n, 3, self.n_heads, self.head_dim)
+        q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # each [B, H, n, D]
+        q, k = rotate(q, *rope), rotate(k, *rope)
+        if slot is not None:
+            # Advanced indices (rows, write_at) around a slice put [B, n] first: [B, n, H, D].
+            slot.kv[0][slot.rows, :, slot.write_at] = k.transpose(1, 2).to(slot.kv.dtype)
+            slot.kv[1][slot.rows, :, slot.write_at] = v.transpose(1, 2).to(slot.kv.dtype)
+            k = slot.kv[0, :, :, : slot.span].to(q.dtype)
+            v = slot.kv[1, :, :, : slot.span].to(q.dtype)
+        if mask is None:
+            att = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:
+            att = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        x = x + self.out(att.transpose(1, 2).reshape(b, n, d))
+        gate, up = self.gate_up(self.mlp_norm(x)).chunk(2, dim=-1)
+        return x + self.down(F.silu(gate) * up)
+
+
+class TinyLM(nn.Module):
+    """The target: `forward` for training, `step` for cached inference."""
+
+    def __init__(self, cfg: TinyConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
+        self.norm = RMSNorm(cfg.d_model)
+        self.rotary = Rotary(cfg)
+        nn.init.normal_(self.embed.weight, std=0.02)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return hidden @ self.embed.weight.T
+
+    def forward(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Causal pass over `tokens [B, L]`: `(logits [B, L, V], features [B, L, d])`; the
+        features are the final normed hidden states the LM head reads (EAGLE's input)."""
+        positions = torch.arange(tokens.shape[1], device=tokens.device).expand_as(tokens)
+        x = self.embed(tokens)
+        rope = self.rotary.tables(positions, x.dtype)
+        for block in self.blocks:
+            x = block(x, rope, None)
+        features = self.norm(x)
+        return self.logits(features), features
+
+    def step(
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        write_at: torch.Tensor,
+        mask: torch.Tensor,
+        cache: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Cached pass: `tokens`, rotary `positions` and cache indices `write_at`, all
+        `[B, n]`; `mask` bool `[B, n, span]` over the cache's first `span` entries (after
+        this call's writes); `cache [layers, 2, B, H, S, D]`."""
+        x = self.embed(tokens)
+        rope = self.rotary.tables(positions, x.dtype)
+        span = mask.shape[-1]
+        for layer, block in enumerate(self.blocks):
+            x = block(x, rope, mask[:, None], CacheSlot(cache[layer], write_at, span))
+        features = self.norm(x)
+        return self.logits(features), features
+
+
+class EagleHead(nn.Module):
+    """EAGLE-style draft head: one decoder layer over `fc([feature_t, embed(token_{t+1})])`
+    predicting feature_{t+1}; the target's LM head turns it into draft logits."""
+
+    def __init__(self, cfg: TinyConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.fc = nn.Linear(2 * cfg.d_model, cfg.d_model, bias=True)
+        self.block = Block(cfg)
+        self.rotary = Rotary(cfg)
+
+    def forward(self, features: torch.Tensor, next_embeds: torch.Tensor) -> torch.Tensor:
+        """Causal pass for training: `features`, `next_embeds` `[B, L, d]` -> predicted
+        features `[B, L, d]`."""
+        b, length, _ = features.shape
+        positions = torch.arange(length, device=features.device).expand(b, length)
+        x = self.fc(torch.cat((features, next_embeds), dim=-1))
+        return self.block(x, self.rotary.tables(positions, x.dtype), None)
+
+    def step(
+        self,
+        features: torch.Tensor,
+        next_embeds: torch.Tensor,
+        positions: torch.Tensor,
+        write_at: torch.Tensor,
+        mask: torch.Tensor,
+        cache: torch.Tensor,
+    ) -> torch.Tensor:
+        """Cached pass, as `TinyLM.step` with one layer (cache `[2, B, H, S, D]`)."""
+        x = self.fc(torch.cat((features, next_embeds), dim=-1))
+        rope = self.rotary.tables(positions, x.dtype)
+        slot = CacheSlot(cache, write_at, mask.shape[-1])
+        return self.block(x, rope, mask[:, None], slot)
+
+
+# --- weights ---------------------------------------------------------------------------------
+
+
+def save_weights(module: nn.Module, path: Path) -> None:
+    """float16 `.npz` of the module's parameters (no pickle)."""
+    arrays = {
+        name: p.detach().to(torch.float16).cpu().numpy() for name, p in module.named_parameters()
+    }
+    np.savez(path, **arrays)  # type: ignore[arg-type]
+
+
+def load_weights(module: nn.Module, path: Path) -> None:
+    with np.load(path, allow_pickle=False) as arrays:
+        state = {name: torch.from_numpy(arrays[name].astype(np.float32)) for name in arrays.files}
+    missing = set(dict(module.named_parameters())) - set(state)
+    if missing:
+        raise ValueError(f"{path}: missing weights {sorted(missing)}")
+    module.load_state_dict(state, strict=False)
+
+
+def load_tiny(
+    directory: Path | str | None = None,
+    *,
+    dtype: torch.dtype = torch.float32,
+    device: str | torch.device = "cpu",
+) -> tuple[TinyLM, EagleHead]:
+    """The shipped target and draft head (no network), in eval mode on `device`."""
+    directory = WEIGHTS_DIR if directory is None else Path(directory)
+    cfg = TinyConfig(**json.loads((directory / "config.json").read_text())["model"])
+    target, head = TinyLM(cfg), EagleHead(cfg)
+    load_weights(target, directory / "target.npz")
+    load_weights(head, directory / "draft_head.npz")
+    target.to(device=device, dtype=dtype).eval()
+    head.to(device=device, dtype=dtype).eval()
+    # The rotary tables stay float32 on the device; tables() casts per call.
+    for rot in (target.rotary, head.rotary):
+        rot.cos, rot.sin = rot.cos.float(), rot.sin.float()
+    return target, head
+
+
+def config_dict(cfg: TinyConfig) -> dict[str, Any]:
+    return asdict(cfg)
+
+
+# --- the target in the decode loop -----------------------------------------------------------
+
+
+def cache_mask(lengths: torch.Tensor, tree_mask: torch.Tensor) -> torch.Tensor:
+    """bool `[B, n, span]`: query i of row b sees cache entries `< lengths[b]` (committed) and
+    the new entries `lengths[b] + j` with `tree_mask[b, i, j]` (`tree_mask` bool `[B, n, m]`);
+    `span = max(lengths) + m`."""
+    b, n, m = tree_mask.shape
+    span = int(lengths.max()) + m
+    cols = torch.arange(span, device=tree_mask.device)
+    mask = (cols[None, :] < lengths[:, None])[:, None, :].expand(b, n, span).clone()
+    where = (lengths[:, None] + torch.arange(m, device=tree_mask.device))[:, None, :]
+    return mask.scatter_(2, where.expand(b, n, m), tree_mask)
+
+
+class TinyTarget:
+    """`TinyLM` as a `specsched.generate.TargetModel`: one cache tensor
+    `[layers, 2, B, H, S, D]`, compacted by one `specsched.compact_kv` call per step."""
+
+    def __init__(self, model: TinyLM, *, headroom: int = 256) -> None:
+        self.model = model
+        self.headroom = headroom
+        param = next(model.parameters())
+        self.device, self.dtype = param.device, param.dtype
+        self.cache = torch.empty(0)
+        self.lengths = np.zeros(0, dtype=np.int64)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.model.cfg.vocab_size
+
+    def _reserve(self, batch: int, needed: int) -> None:
+        """Grows the cache so sequence index `needed - 1` exists (amortized doubling)."""
+        if self.cache.dim() == 6 and self.cache.shape[2] == batch and self.cache.shape[4] >= needed:
+            return
+        cfg = self.model.cfg
+        held = self.cache.shape[4] if self.cache.dim() == 6 else 0
+        size = max(needed + self.headroom, 2 * held)
+        grown = torch.zeros(
+            (cfg.n_layers, 2, batch, cfg.n_heads, size, cfg.head_dim),
+            dtype=self.dtype,
+            device=self.device,
+        )
+        if self.cache.dim() == 6 and self.cache.shape[2] == batch:
+            grown[:, :, :, :, : self.cache.shape[4]] = self.cache
+        self.cache = grown
+
+    @torch.inference_mode()
+    def prefill(self, input_ids: Any) -> Any:
+        from specsched.generate import TargetStep
+
+        lens = np.array([len(p) for p in input_ids], dtype=np.int64)
+        b, width = len(lens), int(lens.max())
+        tokens = torch.zeros((b, width), dtype=torch.int64)
+        for i, prompt in enumerate(input_ids):
+            tokens[i, : len(prompt)] = torch.as_tensor(prompt)
+        self.cache = torch.empty(0)
+        self._reserve(b, width)
+        positions = torch.arange(width).expand(b, width).to(self.device)
+        causal = torch.ones((width, width), dtype=torch.bool).tril().expand(b, width, width)
+        logits, features = self.model.step(
+            tokens.to(self.device), positions, positions, causal.to(self.device), self.cache
+        )
+        last = torch.as_tensor(lens - 1, device=self.device)
+        rows = torch.arange(b, device=self.device)
+        self.lengths = lens
+        return TargetStep(logits[rows, last], features)
+
+    @torch.inference_mode()
+    def forward_tree(self, trees: Any) -> Any:
+        from specsched.generate import TargetStep
+
+        b, n = trees.num_trees, trees.max_nodes
+        offsets = trees.offsets
+        sizes = np.diff(offsets)
+        self._reserve(b, int(self.lengths.max()) + n)
+        # Scatter the flat trees into a padded [B, n] batch; padding rows see only themselves.
+        row_of = np.repeat(np.arange(b), sizes)
+        col_of = np.arange(trees.num_nodes) - np.repeat(offsets[:-1], sizes)
+        tokens = np.zeros((b, n), dtype=np.int64)
+        tokens[row_of, col_of] = trees.tokens
+        positions = np.repeat(self.lengths[:, None], n, axis=1)
+        positions[row_of, col_of] = trees.positions(self.lengths)
+        tree_mask = trees.padded_mask() | np.eye(n, dtype=bool)[None]
+        dev = self.device
+        lengths = torch.as_tensor(self.lengths, device=dev)
+        write_at = lengths[:, None] + torch.arange(n, device=dev)
+        mask = cache_mask(lengths, torch.as_tensor(tree_mask, device=dev))
+        logits, features = self.model.step(
+            torch.as_tensor(tokens, device=dev),
+            torch.as_tensor(positions, device=dev),
+            write_at,
+            mask,
+            self.cache,
+        )
+        rows = torch.as_tensor(row_of, device=dev)
+        cols = torch.as_tensor(col_of, device=dev)
+        return TargetStep(logits[rows, cols], features[rows, cols])
+
+    def accept(self, result: Any) -> None:
+        from specsched._kv import compact_kv
+
+        compact_kv(self.cache, result, self.lengths, seq_dim=4, batch_dim=2)
+        self.lengths = self.lengths + result.num_accepted.astype(np.int64) + 1

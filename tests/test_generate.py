@@ -1,0 +1,279 @@
+"""The speculative decode loop (`specsched.generate`): lossless end to end.
+
+- Greedy: every drafter's output equals autoregressive greedy decoding token for token, on the
+  shipped tiny model (batch 1 and 4, prompts of different lengths) and on a random model driven
+  by an oracle drafter that hides the true continuation at random places in random trees.
+- The target's KV cache after speculative decoding equals the cache autoregressive decoding
+  builds (compaction kept exactly the accepted path).
+- Sampling: on an order-2 toy target (no torch), the first three tokens of `generate` with a
+  fixed seed follow the exact processed target distribution (the loss-less-ness harness of
+  `specsched.testing`), and the same seed reproduces the same tokens.
+- EOS and the length limit cut inside an accepted path; bad arguments raise.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import pytest
+import specsched as ss
+from specsched.drafting import NgramChainDrafter, SuffixTreeDrafter
+from specsched.generate import Generation, TargetStep, generate, root_only
+from specsched.testing import (
+    OracleDrafter,
+    Verdict,
+    chi_square_pvalue,
+    exact_joint,
+    processed_table,
+    toy_models,
+    tv_distance,
+    tv_noise,
+)
+
+# --- an order-2 toy target and drafter (numpy only) ------------------------------------------
+
+
+class ToyTarget:
+    """`logits = table[previous token, token]` per position; no cache needed."""
+
+    def __init__(self, logits: np.ndarray) -> None:
+        self.table = logits
+        self.prev = np.zeros(0, dtype=np.int64)  # token before each row's root
+        self.trees: ss.TreeBatch | None = None
+
+    def prefill(self, input_ids: Sequence[Sequence[int]]) -> TargetStep:
+        ctx = np.array([[p[-2], p[-1]] for p in input_ids], dtype=np.int64)
+        self.prev = ctx[:, 1].copy()
+        return TargetStep(self.table[ctx[:, 0], ctx[:, 1]])
+
+    def forward_tree(self, trees: ss.TreeBatch) -> TargetStep:
+        offsets, parents, tokens = trees.offsets, trees.parents, trees.tokens
+        row = np.repeat(np.arange(trees.num_trees), np.diff(offsets))
+        parent_token = np.where(
+            parents >= 0, tokens[offsets[row] + np.maximum(parents, 0)], self.prev[row]
+        )
+        self.trees = trees
+        return TargetStep(self.table[parent_token, tokens])
+
+    def accept(self, result: Any) -> None:
+        assert self.trees is not None
+        last = (
+            self.trees.offsets[:-1]
+            + result.accepted_nodes[np.arange(self.trees.num_trees), result.num_accepted]
+        )
+        self.prev = self.trees.tokens[last].astype(np.int64)
+
+
+class ToyDrafter:
+    """Root, the draft's top-2 children and each child's top-1 child (5 nodes)."""
+
+    def __init__(self, draft_logits: np.ndarray) -> None:
+        self.table = draft_logits
+        self.prev = np.zeros(0, dtype=np.int64)
+
+    def start(self, input_ids: Any, first_tokens: np.ndarray, prefill: TargetStep) -> None:
+        self.prev = np.array([p[-1] for p in input_ids], dtype=np.int64)
+
+    def propose(self, roots: np.ndarray, active: np.ndarray) -> ss.TreeBatch:
+        b = roots.shape[0]
+        top2 = np.argsort(-self.table[self.prev, roots], axis=-1, kind="stable")[:, :2]
+        grand = np.argmax(self.table[roots[:, None], top2], axis=-1)
+        tokens = np.stack([roots, top2[:, 0], top2[:, 1], grand[:, 0], grand[:, 1]], axis=1)
+        parents = np.tile(np.array([-1, 0, 0, 1, 2], dtype=np.int32), b)
+        return ss.TreeBatch.from_flat(parents, tokens.reshape(-1), np.arange(b + 1) * 5)
+
+    def commit(self, trees: ss.TreeBatch, result: Any, step: TargetStep, active: Any) -> None:
+        k = result.num_accepted
+        rows = np.arange(trees.num_trees)
+        # The token before the next root: the last accepted node's token.
+        self.prev = trees.tokens[trees.offsets[:-1] + result.accepted_nodes[rows, k]].copy()
+
+
+def test_sampling_follows_the_target_distribution() -> None:
+    models = toy_models(vocab=4, seed=3, mismatch=0.8)
+    rows, temperature = 20_000, 0.9
+    prompts = [list(models.context)] * rows
+    gen = generate(
+        ToyTarget(models.target_logits),
+        ToyDrafter(models.draft_logits),
+        prompts,
+        3,
+        temperature=temperature,
+        seed=7,
+    )
+    assert gen.mean_accepted > 0.3  # the drafts are used, not just the bonus
+    v = models.vocab
+    codes = np.array([t[0] * v * v + t[1] * v + t[2] for t in gen.tokens])
+    counts = np.bincount(codes, minlength=v**3)
+    joint = exact_joint(processed_table(models, temperature), models.context, 3)
+    verdict = Verdict(
+        tv_distance(counts, joint), tv_noise(joint, rows), chi_square_pvalue(counts, joint)
+    )
+    assert verdict.lossless, verdict
+    again = generate(
+        ToyTarget(models.target_logits),
+        ToyDrafter(models.draft_logits),
+        prompts[:50],
+        3,
+        temperature=temperature,
+        seed=7,
+    )
+    assert again.tokens == gen.tokens[:50]
+
+
+def test_toy_greedy_matches_autoregressive() -> None:
+    models = toy_models(vocab=6, seed=1, mismatch=0.5)
+    prompts = [[0, 1], [2, 3, 4], [5, 5]]
+    ar = generate(ToyTarget(models.target_logits), None, prompts, 25)
+    spec = generate(ToyTarget(models.target_logits), ToyDrafter(models.draft_logits), prompts, 25)
+    assert spec.tokens == ar.tokens
+    assert ar.tokens_per_forward == pytest.approx(25 / 25)
+    assert spec.mean_accepted > 0
+    assert spec.tokens_per_forward > 1.0
+    assert sum(spec.forwards) < sum(ar.forwards)
+
+
+def test_eos_and_length_cut_inside_an_accepted_path() -> None:
+    models = toy_models(vocab=6, seed=1, mismatch=0.0)  # the draft is the target: long accepts
+    prompts = [[0, 1], [2, 3]]
+    ar = generate(ToyTarget(models.target_logits), None, prompts, 40)
+    eos = ar.tokens[0][5]
+    cut = [row[: row.index(eos) + 1] if eos in row else row for row in ar.tokens]
+    spec = generate(
+        ToyTarget(models.target_logits),
+        ToyDrafter(models.draft_logits),
+        prompts,
+        40,
+        eos_token_id=eos,
+    )
+    assert spec.tokens == cut
+    short = generate(ToyTarget(models.target_logits), ToyDrafter(models.draft_logits), prompts, 4)
+    assert short.tokens == [row[:4] for row in ar.tokens]
+
+
+def test_bad_arguments() -> None:
+    target = ToyTarget(toy_models(vocab=4).target_logits)
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        generate(target, None, [[0, 1]], 0)
+    with pytest.raises(ValueError, match=r"input_ids\[1\]: empty"):
+        generate(target, None, [[0, 1], []], 3)
+    with pytest.raises(ValueError, match="at least one"):
+        generate(target, None, [], 3)
+    with pytest.raises(TypeError, match="input_ids"):
+        generate(target, None, "ab", 3)  # type: ignore[arg-type]
+
+    class WrongRoot(ToyDrafter):
+        def propose(self, roots: np.ndarray, active: np.ndarray) -> ss.TreeBatch:
+            return root_only(roots + 1)
+
+    with pytest.raises(ValueError, match="root"):
+        generate(target, WrongRoot(toy_models(vocab=4).draft_logits), [[0, 1]], 3)
+
+
+def test_generation_statistics() -> None:
+    models = toy_models(vocab=6, seed=2, mismatch=0.3)
+    gen = generate(
+        ToyTarget(models.target_logits), ToyDrafter(models.draft_logits), [[0, 1], [1, 2]], 12
+    )
+    assert isinstance(gen, Generation)
+    assert gen.steps == max(len(a) for a in gen.accepted)
+    assert gen.num_tokens == 24
+    for b in range(2):
+        assert len(gen.accepted[b]) == gen.forwards[b] - 1
+        # first token from the prefill, then k + 1 per step (the last step may be cut)
+        assert sum(gen.accepted[b]) + len(gen.accepted[b]) + 1 >= 12
+    assert gen.wall_s >= gen.target_s + gen.verify_s + gen.kv_s
+    assert 0 <= gen.specsched_share
+
+
+# --- torch: the shipped tiny model, a random model with an oracle drafter -----------------------
+
+torch = pytest.importorskip("torch")
+
+from specsched.models.eagle import EagleDrafter, EagleStaticDrafter  # noqa: E402
+from specsched.models.tiny import (  # noqa: E402
+    WEIGHTS_DIR,
+    EagleHead,
+    TinyConfig,
+    TinyLM,
+    TinyTarget,
+    load_tiny,
+)
+
+PROMPTS = [
+    list(b"    def __init__(self, name, value=None):\n        self."),
+    list(b"import os\n"),
+    list(b"for i in range(len(items)):\n    if items[i] "),
+    list(b'class Error(Exception):\n    """'),
+]
+
+
+@pytest.fixture(scope="module")
+def shipped() -> tuple[Any, Any]:
+    if not (WEIGHTS_DIR / "target.npz").exists():
+        pytest.fail(f"shipped weights missing under {WEIGHTS_DIR}")
+    # float64: the tree forward and the one-token forward then agree to ~1e-15, so a greedy
+    # tie cannot flip between them and equality is exact.
+    return load_tiny(dtype=torch.float64)
+
+
+def drafters(target: TinyLM, head: EagleHead) -> dict[str, Any]:
+    return {
+        "eagle-tree": EagleDrafter(target, head, topk=4, depth=5, budget=24),
+        "eagle-chain": EagleDrafter.chain(target, head, depth=5),
+        "eagle-static": EagleStaticDrafter(
+            target, head, ss.optimal_tree([0.7, 0.2, 0.1], 16, max_depth=5)[0]
+        ),
+        "suffix": SuffixTreeDrafter(16),
+        "ngram": NgramChainDrafter(5),
+    }
+
+
+@pytest.mark.parametrize("batch", [1, 4])
+def test_shipped_model_greedy_is_autoregressive(shipped: tuple[Any, Any], batch: int) -> None:
+    target, head = shipped
+    prompts = PROMPTS[:batch]
+    ar = generate(TinyTarget(target), None, prompts, 48)
+    for name, drafter in drafters(target, head).items():
+        spec = generate(TinyTarget(target), drafter, prompts, 48)
+        assert spec.tokens == ar.tokens, name
+        if name.startswith("eagle"):
+            assert spec.mean_accepted > 0.5, name  # the trained head really drafts
+
+
+def test_shipped_model_ships_its_metrics() -> None:
+    import json
+
+    meta = json.loads((WEIGHTS_DIR / "config.json").read_text())
+    assert meta["training"]["command"].startswith("python scripts/train_tiny.py")
+    size = sum(p.stat().st_size for p in WEIGHTS_DIR.iterdir())
+    assert size <= 20 * 2**20
+    assert meta["metrics"]["target_held_out_loss_nats_per_byte"] < 2.0
+
+
+def random_model(seed: int) -> TinyLM:
+    torch.manual_seed(seed)
+    model = TinyLM(TinyConfig(d_model=64, n_layers=2, n_heads=2, d_ff=128)).double().eval()
+    with torch.no_grad():
+        model.embed.weight.normal_(0, 1.0)  # a sharper, less repetitive random model
+    return model
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_kv_cache_after_compaction_equals_autoregressive(seed: int) -> None:
+    model = random_model(seed)
+    prompts = [list(b"abc"), list(b"hello world"), list(b"x"), list(b"tree decoding")]
+    ar_target = TinyTarget(model)
+    ar = generate(ar_target, None, prompts, 30)
+    spec_target = TinyTarget(model)
+    spec = generate(spec_target, OracleDrafter(ar.tokens, seed), prompts, 30)
+    assert spec.tokens == ar.tokens
+    assert spec.mean_accepted > 0.5  # deep, non-contiguous paths were accepted and compacted
+    # Every committed entry: the prompt and all emitted tokens but the last (the next root).
+    for b, prompt in enumerate(prompts):
+        committed = len(prompt) + len(ar.tokens[b]) - 1
+        got = spec_target.cache[:, :, b, :, :committed]
+        want = ar_target.cache[:, :, b, :, :committed]
+        torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-9)
