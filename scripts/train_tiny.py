@@ -9,8 +9,12 @@ reads the target's feature f_t and the embedding of byte t+1, and learns to pred
 (smooth L1) and byte t+2 through the target's LM head (cross-entropy), as EAGLE does.
 
 Reported (written to `config.json`): the target's held-out loss (nats per byte), the head's
-held-out top-1 accuracy against the data, and its agreement with the target's own greedy
-choice (the figure greedy speculative decoding accepts on).
+held-out top-1 accuracy against the data, its agreement with the target's own greedy choice
+(the figure greedy speculative decoding accepts on), and `head_rank_acceptance[r]`: how often
+the target's greedy token is the head's rank-r candidate, the per-rank acceptance vector
+`specsched.optimal_tree` plans a static (Sequoia) tree from.
+
+    python scripts/train_tiny.py --evaluate-only   # recompute the metrics of saved weights
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import json
 import math
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -31,6 +36,7 @@ from specsched.models.tiny import (
     TinyConfig,
     TinyLM,
     config_dict,
+    load_tiny,
     save_weights,
 )
 
@@ -56,24 +62,37 @@ def lr_at(step: int, steps: int, peak: float, warmup: int) -> float:
     return peak * 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(1, steps - warmup)))
 
 
-def head_losses(
-    target: TinyLM, head: EagleHead, x: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(loss, correct vs data, correct vs target greedy, count) on windows `x [B, L+1]`."""
+def head_loss(target: TinyLM, head: EagleHead, x: torch.Tensor) -> torch.Tensor:
+    """EAGLE's loss on windows `x [B, L+1]`: position t reads the feature f_t and byte t+1
+    and predicts f_{t+1} (smooth L1) and byte t+2 (cross-entropy through the LM head)."""
     with torch.no_grad():
-        target_logits, feats = target(x)
-    # Position t: feature f_t and byte t+1 -> predict f_{t+1} and byte t+2.
+        _, feats = target(x)
     pred = head(feats[:, :-2], target.embed(x[:, 1:-1]))
     logits = target.logits(pred)
     ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), x[:, 2:].reshape(-1))
-    reg = F.smooth_l1_loss(pred, feats[:, 1:-1])
-    guess = logits.argmax(-1)
-    return (
-        ce + 10.0 * reg,
-        (guess == x[:, 2:]).sum(),
-        (guess == target_logits[:, 1:-1].argmax(-1)).sum(),
-        torch.tensor(guess.numel()),
-    )
+    return ce + 10.0 * F.smooth_l1_loss(pred, feats[:, 1:-1])
+
+
+def evaluate(target: TinyLM, head: EagleHead, held_batches: list[torch.Tensor]) -> dict[str, Any]:
+    """Held-out metrics of a trained target and head (see the module docstring)."""
+    vocab = target.cfg.vocab_size
+    losses, data_hits, ranks, count = [], 0, np.zeros(8), 0
+    with torch.no_grad():
+        for x in held_batches:
+            logits, feats = target(x[:, :-1])
+            losses.append(F.cross_entropy(logits.reshape(-1, vocab), x[:, 1:].reshape(-1)).item())
+            guess = target.logits(head(feats[:, :-1], target.embed(x[:, 1:-1])))
+            data_hits += int((guess.argmax(-1) == x[:, 2:]).sum())
+            greedy = logits[:, 1:].argmax(-1)
+            top = guess.topk(ranks.size, dim=-1).indices
+            ranks += (top == greedy[..., None]).reshape(-1, ranks.size).sum(0).numpy()
+            count += greedy.numel()
+    return {
+        "target_held_out_loss_nats_per_byte": round(float(np.mean(losses)), 4),
+        "head_held_out_top1": round(data_hits / count, 4),
+        "head_agreement_with_target_greedy": round(float(ranks[0]) / count, 4),
+        "head_rank_acceptance": [round(float(r) / count, 4) for r in ranks],
+    }
 
 
 def main() -> None:
@@ -85,6 +104,7 @@ def main() -> None:
     ap.add_argument("--length", type=int, default=128)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--evaluate-only", action="store_true", help="update saved weights' metrics")
     args = ap.parse_args()
 
     torch.manual_seed(args.seed)
@@ -94,6 +114,13 @@ def main() -> None:
     held_rng = np.random.default_rng(12345)
     held_batches = [windows(held, held_rng, 32, args.length) for _ in range(8)]
     print(f"corpus: {train.size} training bytes, {held.size} held-out bytes")
+    if args.evaluate_only:
+        saved, saved_head = load_tiny(args.out)
+        meta = json.loads((args.out / "config.json").read_text())
+        meta["metrics"] = evaluate(saved, saved_head, held_batches)
+        (args.out / "config.json").write_text(json.dumps(meta, indent=2) + "\n")
+        print(json.dumps(meta["metrics"], indent=2))
+        return
 
     cfg = TinyConfig()
     target = TinyLM(cfg)
@@ -112,18 +139,6 @@ def main() -> None:
         if step % 100 == 0 or step == args.target_steps - 1:
             print(f"target {step:5d} loss {loss.item():.3f} ({time.perf_counter() - t0:.0f} s)")
     target.eval()
-    with torch.no_grad():
-        held_loss = float(
-            np.mean(
-                [
-                    F.cross_entropy(
-                        target(x[:, :-1])[0].reshape(-1, cfg.vocab_size), x[:, 1:].reshape(-1)
-                    ).item()
-                    for x in held_batches
-                ]
-            )
-        )
-    print(f"target held-out loss {held_loss:.4f} nats/byte")
     for p in target.parameters():
         p.requires_grad_(False)
 
@@ -133,7 +148,7 @@ def main() -> None:
     for step in range(args.head_steps):
         for group in opt.param_groups:
             group["lr"] = lr_at(step, args.head_steps, 2e-3, 50)
-        loss, *_ = head_losses(target, head, windows(train, rng, args.batch, args.length + 1))
+        loss = head_loss(target, head, windows(train, rng, args.batch, args.length + 1))
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(head.parameters(), 1.0)
@@ -141,12 +156,8 @@ def main() -> None:
         if step % 100 == 0 or step == args.head_steps - 1:
             print(f"head {step:5d} loss {loss.item():.3f} ({time.perf_counter() - t0:.0f} s)")
     head.eval()
-    with torch.no_grad():
-        sums = np.sum(
-            [[float(t) for t in head_losses(target, head, x)[1:]] for x in held_batches], 0
-        )
-    data_acc, agree = sums[0] / sums[2], sums[1] / sums[2]
-    print(f"head held-out top-1 {data_acc:.3f}, agreement with the target's greedy {agree:.3f}")
+    metrics = evaluate(target, head, held_batches)
+    print(json.dumps(metrics, indent=2))
 
     args.out.mkdir(parents=True, exist_ok=True)
     save_weights(target, args.out / "target.npz")
@@ -162,11 +173,7 @@ def main() -> None:
             "held_out_bytes": int(held.size),
             "torch": torch.__version__,
         },
-        "metrics": {
-            "target_held_out_loss_nats_per_byte": round(held_loss, 4),
-            "head_held_out_top1": round(float(data_acc), 4),
-            "head_agreement_with_target_greedy": round(float(agree), 4),
-        },
+        "metrics": metrics,
     }
     (args.out / "config.json").write_text(json.dumps(meta, indent=2) + "\n")
     print(f"wrote {args.out}")

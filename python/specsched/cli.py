@@ -1,5 +1,9 @@
 """The `specsched` command line.
 
+`specsched demo` runs tree speculative generation end to end on the shipped tiny model (torch
+needed): autoregressive decoding and every drafter side by side, with tokens per target
+forward, the time split and a token-for-token check against autoregressive greedy output.
+
 `specsched bench [--quick]` times the Rust kernels against the pure-Python reference (and
 reports the ratio) on serving-sized inputs: a quick check of what the engine buys on this
 machine. The full comparison, with vectorized numpy/torch peers, is `pytest benches/
@@ -27,6 +31,7 @@ import numpy as np
 
 import specsched as ss
 from specsched import reference as ref
+from specsched._cli_demo import add_demo_parser, demo_command
 from specsched._cli_replay import add_replay_parser, replay_command
 from specsched._cli_sim import (
     add_decide_parser,
@@ -172,6 +177,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     add_simulate_parser(sub)
     add_decide_parser(sub)
     add_replay_parser(sub)
+    add_demo_parser(sub)
     args = parser.parse_args(argv)
     if args.command == "bench":
         return bench(args.quick)
@@ -182,6 +188,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return decide_command(args)
         if args.command == "replay":
             return replay_command(args)
+        if args.command == "demo":
+            return demo_command(args)
     except (ValueError, TypeError, OSError) as e:
         print(f"specsched {args.command}: error: {e}", file=sys.stderr)
         return 2

@@ -1,0 +1,181 @@
+"""`specsched demo`: the whole speculative loop on the shipped tiny model.
+
+Greedy decoding of four code prompts (one batch) with autoregressive decoding and with each
+drafter; one row per method: tokens per target forward (the hardware-independent figure), mean
+accepted draft tokens per step, wall time and its split between the target, the drafter and
+specsched itself, and whether the output is token-for-token the autoregressive output. Then a
+fixed-seed sampling run (reproducible; lossless in distribution, which the test suite checks
+statistically).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+DEMO_PROMPTS = [
+    b"    def __init__(self, name, value=None):\n        self.",
+    b"import os\nimport sys\n\n\ndef main(",
+    b"        for i in range(len(items)):\n            if items[i] ",
+    b'class ParseError(Exception):\n    """',
+]
+
+
+def add_demo_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "demo", help="speculative generation on the shipped tiny model, every drafter"
+    )
+    p.add_argument("--device", default="cpu", help="torch device (cpu, cuda, ...)")
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--budget", type=int, default=16, help="verified tokens per tree (root incl.)")
+    p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    p.add_argument("--json", action="store_true", help="one JSON object instead of the table")
+
+
+def _methods(target: Any, head: Any, budget: int, rank_accept: list[float]) -> dict[str, Any]:
+    """Fresh drafters by name (the suffix drafter's global cache starts empty for each)."""
+    import specsched as ss
+    from specsched.drafting import NgramChainDrafter, SuffixTreeDrafter
+    from specsched.models.eagle import EagleDrafter, EagleStaticDrafter
+
+    depth = 6
+    static, _ = ss.optimal_tree(rank_accept, budget, max_depth=depth)
+    return {
+        "autoregressive": None,
+        f"eagle chain, depth {depth}": EagleDrafter.chain(target, head, depth=depth),
+        f"eagle chain, depth {budget - 1}": EagleDrafter.chain(target, head, depth=budget - 1),
+        f"eagle dynamic tree, {budget} nodes": EagleDrafter(
+            target, head, topk=4, depth=depth, budget=budget
+        ),
+        f"eagle dynamic tree, {3 * budget} nodes": EagleDrafter(
+            target, head, topk=8, depth=depth, budget=3 * budget
+        ),
+        f"eagle Sequoia tree, {budget} nodes": EagleStaticDrafter(target, head, static),
+        f"suffix tree, {budget} nodes": SuffixTreeDrafter(budget - 1),
+        "n-gram chain, k=5": NgramChainDrafter(5),
+    }
+
+
+def demo_command(args: argparse.Namespace) -> int:
+    try:
+        import torch
+    except ImportError:
+        print("specsched demo: needs torch: pip install 'specsched[torch]'", file=sys.stderr)
+        return 2
+    from specsched.generate import generate
+    from specsched.models.tiny import WEIGHTS_DIR, TinyTarget, load_tiny
+
+    if args.max_new_tokens < 1 or args.budget < 2:
+        raise ValueError("--max-new-tokens must be >= 1 and --budget >= 2")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    meta = json.loads((WEIGHTS_DIR / "config.json").read_text())
+    target, head = load_tiny(device=args.device)
+    prompts = [list(p) for p in DEMO_PROMPTS]
+    rank_accept = meta["metrics"]["head_rank_acceptance"]
+    rows = []
+    reference: list[list[int]] | None = None
+    for name, drafter in _methods(target, head, args.budget, rank_accept).items():
+        run = generate(TinyTarget(target), drafter, prompts, args.max_new_tokens)
+        if reference is None:
+            reference = run.tokens
+        rows.append(_row(name, run, reference))
+    tree_drafter = f"eagle dynamic tree, {args.budget} nodes"
+    sampled = [
+        generate(
+            TinyTarget(target),
+            None if name is None else _methods(target, head, args.budget, rank_accept)[name],
+            prompts,
+            args.max_new_tokens,
+            temperature=0.8,
+            top_p=0.95,
+            seed=2026,
+        )
+        for name in (None, tree_drafter, tree_drafter)
+    ]
+    report = {
+        "model": meta["metrics"],
+        "device": str(args.device),
+        "prompts": len(prompts),
+        "max_new_tokens": args.max_new_tokens,
+        "greedy": rows,
+        "sampling": {
+            "temperature": 0.8,
+            "top_p": 0.95,
+            "seed": 2026,
+            "autoregressive_tokens_per_forward": round(sampled[0].tokens_per_forward, 3),
+            "eagle_tree_tokens_per_forward": round(sampled[1].tokens_per_forward, 3),
+            "same_seed_same_tokens": sampled[2].tokens == sampled[1].tokens,
+        },
+        "sample": bytes(prompts[0] + (reference or [[]])[0]).decode("utf-8", "replace"),
+    }
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        _print_table(report)
+    return 0 if all(r["identical_to_autoregressive"] for r in rows) else 1
+
+
+def _row(name: str, run: Any, reference: list[list[int]]) -> dict[str, Any]:
+    steps_nodes = run.step_nodes
+    total = run.target_s + run.draft_s + run.specsched_s
+    return {
+        "method": name,
+        "nodes_per_step": round(sum(steps_nodes) / max(1, len(steps_nodes)) / len(run.tokens), 1),
+        "tokens_per_forward": round(run.tokens_per_forward, 3),
+        "mean_accepted": round(run.mean_accepted, 3),
+        "target_forwards": sum(run.forwards),
+        "wall_s": round(run.wall_s, 3),
+        "target_pct": round(100 * run.target_s / total, 1),
+        "draft_pct": round(100 * run.draft_s / total, 1),
+        "specsched_pct": round(100 * run.specsched_s / total, 2),
+        "specsched_us_per_step": round(1e6 * run.specsched_s / max(1, run.steps), 1),
+        "specsched_share_of_target_forward_pct": round(100 * run.specsched_share, 2),
+        "identical_to_autoregressive": run.tokens == reference,
+    }
+
+
+def _print_table(report: dict[str, Any]) -> None:
+    m = report["model"]
+    print(
+        f"tiny byte-level target (held-out loss {m['target_held_out_loss_nats_per_byte']} "
+        f"nats/byte), EAGLE-style head (top-1 agreement with the target "
+        f"{m['head_agreement_with_target_greedy']:.0%}); {report['prompts']} prompts x "
+        f"{report['max_new_tokens']} new tokens, greedy, device {report['device']}\n"
+    )
+    head = (
+        f"{'method':<32} {'nodes':>5} {'tok/fwd':>7} {'accept':>6} {'fwds':>5} {'wall s':>6}"
+        f" {'target':>6} {'draft':>5} {'specsched/step':>14} {'= AR':>4}"
+    )
+    print(head)
+    print("-" * len(head))
+    for r in report["greedy"]:
+        same = "yes" if r["identical_to_autoregressive"] else "NO"
+        own = (
+            f"{r['specsched_us_per_step']:.0f} µs {r['specsched_share_of_target_forward_pct']:.1f}%"
+        )
+        print(
+            f"{r['method']:<32} {r['nodes_per_step']:>5} {r['tokens_per_forward']:>7.2f} "
+            f"{r['mean_accepted']:>6.2f} {r['target_forwards']:>5} {r['wall_s']:>6.2f} "
+            f"{r['target_pct']:>5.0f}% {r['draft_pct']:>4.0f}% {own:>14} {same:>4}"
+        )
+    print(
+        "\nnodes: tokens verified per request and step; tok/fwd: tokens emitted per target "
+        "forward\n(1.00 = autoregressive); accept: draft tokens accepted per step; target, "
+        "draft: shares of the\nloop's time; specsched/step: its own time per step (tree "
+        "build, verify, KV compaction) and\nthat time as a share of the target's tree forward. "
+        "On a CPU a tree forward costs more than a\none-token forward, so wall time lags "
+        "tokens per forward; on a GPU (--device cuda) the forward\nis memory-bound and the "
+        "two converge."
+    )
+    s = report["sampling"]
+    print(
+        f"\nsampling (temperature {s['temperature']}, top-p {s['top_p']}, seed {s['seed']}): "
+        f"tokens per forward {s['autoregressive_tokens_per_forward']:.2f} autoregressive, "
+        f"{s['eagle_tree_tokens_per_forward']:.2f} with the dynamic tree; same seed, same "
+        f"tokens: {'yes' if s['same_seed_same_tokens'] else 'NO'} (the loop is lossless in "
+        "distribution: tests/test_generate.py)"
+    )
+    print("\ngreedy continuation of prompt 1:\n" + report["sample"])
