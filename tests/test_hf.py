@@ -101,7 +101,9 @@ def assert_same_committed_kv(
     for b, prompt in enumerate(prompts):
         committed = len(prompt) + len(tokens[b]) - 1
         for layer in range(layers):
-            for got, want in zip(spec.committed_kv(b, layer), ar.committed_kv(b, layer)):
+            for got, want in zip(
+                spec.committed_kv(b, layer), ar.committed_kv(b, layer), strict=True
+            ):
                 torch.testing.assert_close(
                     got[:, :committed], want[:, :committed], rtol=tol, atol=tol
                 )
@@ -155,7 +157,9 @@ def test_layout_and_features() -> None:
         [True, True, False],
         [True, False, False],
     ]
-    assert target.lengths.tolist() == [len(p) + k + 1 for p, k in zip(PROMPTS, [2, 0, 1, 0])]
+    assert target.lengths.tolist() == [
+        len(p) + k + 1 for p, k in zip(PROMPTS, [2, 0, 1, 0], strict=True)
+    ]
     assert HFTarget(model, features=False).prefill(PROMPTS[:1]).features is None
 
 
@@ -170,7 +174,7 @@ def test_bad_arguments() -> None:
         def forward(self, input_ids: Any, position_ids: Any = None) -> Any:
             return input_ids
 
-    with pytest.raises(ValueError, match="model: NoCache.forward takes no KV cache"):
+    with pytest.raises(ValueError, match=r"model: NoCache\.forward takes no KV cache"):
         HFTarget(NoCache())
     target = HFTarget(model)
     with pytest.raises(RuntimeError, match="prefill first"):

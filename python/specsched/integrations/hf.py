@@ -39,7 +39,7 @@ from specsched._kv import compact_kv
 from specsched.generate import TargetStep
 
 
-def _cache_classes() -> tuple[type, type | None]:
+def _cache_classes() -> tuple[Any, Any]:
     from transformers import cache_utils
 
     return cache_utils.DynamicCache, getattr(cache_utils, "DynamicLayer", None)
@@ -73,7 +73,7 @@ def kv_tensors(cache: Any) -> list[tuple[torch.Tensor, torch.Tensor]]:
         return pairs
     keys, values = getattr(cache, "key_cache", None), getattr(cache, "value_cache", None)
     if isinstance(keys, list) and isinstance(values, list):
-        return list(zip(keys, values))
+        return list(zip(keys, values, strict=True))
     raise TypeError(
         f"cache: {type(cache).__name__} has neither `layers` nor `key_cache`/`value_cache`; "
         "this transformers version's cache layout is not supported"
@@ -254,9 +254,7 @@ class HFTarget:
             raise RuntimeError("accept: no forward_tree to accept")
         k = np.asarray(result.num_accepted, dtype=np.int64)
         if k.shape != (self.batch_size,):
-            raise ValueError(
-                f"result: {k.shape[0]} rows for a batch of {self.batch_size} rows"
-            )
+            raise ValueError(f"result: {k.shape[0]} rows for a batch of {self.batch_size} rows")
         s = self._pending
         prefix = np.full(self.batch_size, s, dtype=np.int64)
         for keys, values in kv_tensors(self.cache):
