@@ -29,7 +29,7 @@ from specsched.integrations.hf import HFTarget, kv_tensors  # noqa: E402
 from specsched.testing import OracleDrafter  # noqa: E402
 
 VOCAB = 256
-NEW = 20
+NEW = 16
 PROMPTS = [
     [1, 2, 3, 4, 5, 6, 7, 8, 9],
     [40, 41],
