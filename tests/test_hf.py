@@ -1,0 +1,196 @@
+"""`specsched.integrations.hf.HFTarget`: transformers causal LMs in the decode loop.
+
+Random tiny Llama (GQA, rotary; eager and sdpa attention) and GPT-2 (absolute positions)
+models, built from configs here (no weights are downloaded), in float64 so a greedy tie cannot
+flip between a tree forward and a one-token forward. For batch 1 and 4 (prompts of different
+lengths, so the cache has padded and gapped columns):
+
+- autoregressive decoding through the loop equals HF's own `generate` (greedy), per prompt;
+- speculative greedy output equals autoregressive output for an oracle drafter (random trees
+  hiding the true continuation: deep, non-contiguous acceptance), a suffix-tree drafter and an
+  n-gram chain drafter;
+- each row's committed KV after speculative decoding equals what autoregressive decoding built.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+import specsched as ss  # noqa: E402
+from specsched.drafting import NgramChainDrafter, SuffixTreeDrafter  # noqa: E402
+from specsched.generate import generate, root_only  # noqa: E402
+from specsched.integrations.hf import HFTarget, kv_tensors  # noqa: E402
+from specsched.testing import OracleDrafter  # noqa: E402
+
+VOCAB = 256
+NEW = 16
+PROMPTS = [
+    [1, 2, 3, 4, 5, 6, 7, 8, 9],
+    [40, 41],
+    [200, 17, 99, 3, 250, 8],
+    [7],
+]
+
+
+def llama(attn: str) -> Any:
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        initializer_range=0.5,  # a sharper random model: less repetitive continuations
+        attn_implementation=attn,
+    )
+    return transformers.LlamaForCausalLM(config).double().eval()
+
+
+def gpt2() -> Any:
+    torch.manual_seed(1)
+    config = transformers.GPT2Config(
+        vocab_size=VOCAB,
+        n_embd=64,
+        n_layer=2,
+        n_head=4,
+        n_positions=256,
+        initializer_range=0.5,
+    )
+    return transformers.GPT2LMHeadModel(config).double().eval()
+
+
+MODELS = {"llama-eager": lambda: llama("eager"), "llama-sdpa": lambda: llama("sdpa"), "gpt2": gpt2}
+
+
+@pytest.fixture(scope="module", params=list(MODELS))
+def model(request: pytest.FixtureRequest) -> Any:
+    return MODELS[request.param]()
+
+
+def hf_greedy(model: Any, prompt: list[int], n: int) -> list[int]:
+    ids = torch.tensor([prompt])
+    out = model.generate(
+        ids,
+        attention_mask=torch.ones_like(ids),
+        do_sample=False,
+        max_new_tokens=n,
+        min_new_tokens=n,
+        eos_token_id=None,
+        pad_token_id=0,
+    )
+    return [int(t) for t in out[0, len(prompt) :]]
+
+
+def assert_same_committed_kv(
+    spec: HFTarget, ar: HFTarget, prompts: list[list[int]], tokens: list[list[int]]
+) -> None:
+    """Row b's first `len(prompt) + emitted - 1` committed entries (the prompt and every
+    emitted token but the next root), every layer, keys and values."""
+    # HF's eager attention takes its softmax in float32 (even for a float64 model), so rows
+    # that differ only in their masked columns agree to ~1e-6 there; sdpa stays in float64.
+    tol = 1e-5 if ar.model.config._attn_implementation == "eager" else 1e-9
+    layers = len(kv_tensors(ar.cache))
+    for b, prompt in enumerate(prompts):
+        committed = len(prompt) + len(tokens[b]) - 1
+        for layer in range(layers):
+            for got, want in zip(
+                spec.committed_kv(b, layer), ar.committed_kv(b, layer), strict=True
+            ):
+                torch.testing.assert_close(
+                    got[:, :committed], want[:, :committed], rtol=tol, atol=tol
+                )
+
+
+@pytest.mark.parametrize("batch", [1, 4])
+def test_greedy_speculative_equals_autoregressive_equals_hf(model: Any, batch: int) -> None:
+    prompts = PROMPTS[:batch]
+    ar_target = HFTarget(model)
+    ar = generate(ar_target, None, prompts, NEW)
+    assert ar.tokens_per_forward == pytest.approx(1.0)
+    for b, prompt in enumerate(prompts):
+        assert ar.tokens[b] == hf_greedy(model, prompt, NEW), b
+
+    spec_target = HFTarget(model)
+    spec = generate(spec_target, OracleDrafter(ar.tokens, seed=batch, vocab=VOCAB), prompts, NEW)
+    assert spec.tokens == ar.tokens
+    assert spec.mean_accepted > 0.5  # deep, non-contiguous paths were accepted and compacted
+    assert_same_committed_kv(spec_target, ar_target, prompts, ar.tokens)
+
+    for drafter in (SuffixTreeDrafter(16), NgramChainDrafter(5)):
+        target = HFTarget(model, features=False)
+        got = generate(target, drafter, prompts, NEW)
+        assert got.tokens == ar.tokens, type(drafter).__name__
+        assert_same_committed_kv(target, ar_target, prompts, ar.tokens)
+
+
+def test_layout_and_features() -> None:
+    model = llama("sdpa")
+    target = HFTarget(model)
+    step = target.prefill(PROMPTS)
+    width = max(len(p) for p in PROMPTS)
+    assert tuple(step.logits.shape) == (4, VOCAB)
+    assert tuple(step.features.shape) == (4, width, 64)
+    assert target.valid.sum(1).tolist() == [len(p) for p in PROMPTS]
+    trees = ss.TreeBatch(
+        [ss.Tree(np.array([-1, 0, 0, 1], np.int32), np.array([5, 6, 7, 8]))] * 2
+        + [ss.Tree.chain([9, 10])] * 2
+    )
+    step = target.forward_tree(trees)
+    assert tuple(step.logits.shape) == (trees.num_nodes, VOCAB)
+    assert tuple(step.features.shape) == (trees.num_nodes, 64)
+    result = ss.verify(trees, target_tokens=np.array([6, 8, 0, 0, 0, 0, 0, 0, 10, 0, 3, 4]))
+    assert isinstance(result, ss.BatchVerifyResult)
+    target.accept(result)
+    # rows accepted 2, 0, 1, 0 draft tokens: the cache grew by 3, the gaps stay masked
+    assert target.cache.get_seq_length() == width + 3
+    assert target.valid[:, width:].tolist() == [
+        [True, True, True],
+        [True, False, False],
+        [True, True, False],
+        [True, False, False],
+    ]
+    assert target.lengths.tolist() == [
+        len(p) + k + 1 for p, k in zip(PROMPTS, [2, 0, 1, 0], strict=True)
+    ]
+    assert HFTarget(model, features=False).prefill(PROMPTS[:1]).features is None
+
+
+def test_bad_arguments() -> None:
+    model = gpt2()
+    with pytest.raises(TypeError, match="model"):
+        HFTarget(object())
+
+    class NoCache(torch.nn.Module):
+        config = model.config
+
+        def forward(self, input_ids: Any, position_ids: Any = None) -> Any:
+            return input_ids
+
+    with pytest.raises(ValueError, match=r"model: NoCache\.forward takes no KV cache"):
+        HFTarget(NoCache())
+    target = HFTarget(model)
+    with pytest.raises(RuntimeError, match="prefill first"):
+        target.forward_tree(root_only(np.array([1])))
+    with pytest.raises(ValueError, match="input_ids"):
+        target.prefill([[1], []])
+    target.prefill([[1, 2], [3]])
+    with pytest.raises(ValueError, match="trees: 1 trees for a batch of 2"):
+        target.forward_tree(root_only(np.array([1])))
+    with pytest.raises(TypeError, match="trees"):
+        target.forward_tree([[1], [2]])  # type: ignore[arg-type]
+    with pytest.raises(RuntimeError, match="no forward_tree"):
+        target.accept(ss.verify(root_only(np.array([1, 2])), target_tokens=np.array([0, 0])))
+    with pytest.raises(TypeError, match="cache"):
+        kv_tensors(transformers.StaticCache(config=model.config, max_cache_len=8))
+    with pytest.raises(ValueError, match="max_position_embeddings"):
+        long = HFTarget(model)
+        long.prefill([[1] * 250])
+        long.forward_tree(ss.TreeBatch([ss.Tree.chain(list(range(10)))]))
