@@ -111,6 +111,8 @@ def _mask_out(mode: int, needed: int, n: int, buf: Any) -> tuple[np.ndarray, np.
     """`(kernel view, whole buffer)`: the first `needed` entries are the kernel's; the rest of a
     caller's buffer is filled as SGLang fills it (True, or 0 for bit-packed)."""
     dtype: type[np.generic]
+    if buf is None and mode != TreeMaskMode.QLEN_ONLY_BITPACKING:
+        return np.empty(needed, dtype=np.bool_), None
     if mode == TreeMaskMode.QLEN_ONLY_BITPACKING:
         try:
             dtype = _PACKED_DTYPES[int(np.ceil(np.log2((n + 7) // 8)))]
@@ -126,6 +128,9 @@ def _mask_out(mode: int, needed: int, n: int, buf: Any) -> tuple[np.ndarray, np.
     whole = _host(buf, "tree_mask_buf")
     if not whole.flags.c_contiguous:
         raise ValueError("tree_mask_buf: must be contiguous (it is filled in place)")
+    if whole.size == needed:
+        # The kernel takes any contiguous shape: no flattened view to build.
+        return whole, whole
     flat = whole.reshape(-1)
     if flat.size < needed:
         raise ValueError(f"tree_mask_buf: needs at least {needed} entries, has {flat.size}")
@@ -187,8 +192,13 @@ def build_tree_kernel_efficient(
         positions_whole = _host(position_buf, "position_buf")
         if not positions_whole.flags.c_contiguous:
             raise ValueError("position_buf: must be contiguous (it is filled in place)")
-        positions = positions_whole.reshape(-1)[: bs * n]
+        positions = (
+            positions_whole
+            if positions_whole.size == bs * n
+            else positions_whole.reshape(-1)[: bs * n]
+        )
     retrive = np.empty((3, bs, n), dtype=np.int64)
+    r_index, r_next, r_sibling = retrive
     _core.sglang_build_tree(
         _host(parent_list, "parent_list"),
         _host(top_scores_index, "top_scores_index"),
@@ -196,9 +206,9 @@ def build_tree_kernel_efficient(
         total_seq,
         mask,
         positions,
-        retrive[0],
-        retrive[1],
-        retrive[2],
+        r_index,
+        r_next,
+        r_sibling,
         int(topk),
         int(spec_steps),
         n,
@@ -209,17 +219,17 @@ def build_tree_kernel_efficient(
         return (
             tree_mask_buf if mask_whole is not None else _back(mask, True),
             position_buf if positions_whole is not None else _back(positions, True),
-            _back(retrive[0], True),
-            _back(retrive[1], True),
-            _back(retrive[2], True),
+            _back(r_index, True),
+            _back(r_next, True),
+            _back(r_sibling, True),
             _back(tokens.reshape(-1), True),
         )
     return (
         mask_whole if mask_whole is not None else mask,
         positions_whole if positions_whole is not None else positions,
-        retrive[0],
-        retrive[1],
-        retrive[2],
+        r_index,
+        r_next,
+        r_sibling,
         tokens.reshape(-1),
     )
 

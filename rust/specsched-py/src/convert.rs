@@ -36,17 +36,19 @@ impl<T> IntoPyResult<T> for specsched_core::Result<T> {
 /// `obj` as a numpy array: arrays as they are, anything else (lists, torch CPU tensors)
 /// through `numpy.asarray`, which shares memory whenever it can.
 pub fn as_ndarray<'py>(obj: &Bound<'py, PyAny>, arg: &str) -> PyResult<Bound<'py, PyUntypedArray>> {
-    let np = numpy::get_array_module(obj.py())?;
     if let Ok(a) = obj.cast::<PyUntypedArray>() {
         if element_strided(a) {
             return Ok(a.clone());
         }
+        let np = numpy::get_array_module(obj.py())?;
         // A field of a packed record array: its strides are not whole elements (or its data is
         // unaligned), which no typed view can express. Such inputs are rare and small here
         // (index arrays) or legitimately copied (a packed logits record); read a copy.
         let copy = np.call_method1("ascontiguousarray", (a,))?;
         return Ok(copy.cast_into::<PyUntypedArray>()?);
     }
+    // Looked up only here: the import costs more than the common case above.
+    let np = numpy::get_array_module(obj.py())?;
     // An empty list has no element type; numpy would call it float64 and the user would get a
     // dtype error for what is really an empty input.
     if obj.len().ok() == Some(0) && !obj.hasattr("dtype")? {
