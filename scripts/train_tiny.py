@@ -12,7 +12,12 @@ Reported (written to `config.json`): the target's held-out loss (nats per byte),
 held-out top-1 accuracy against the data, its agreement with the target's own greedy choice
 (the figure greedy speculative decoding accepts on), and `head_rank_acceptance[r]`: how often
 the target's greedy token is the head's rank-r candidate, the per-rank acceptance vector
-`specsched.optimal_tree` plans a static (Sequoia) tree from.
+`specsched.optimal_tree` plans a static (Sequoia) tree from, and `head_greedy_temperature`: the
+temperature T for which softmax(head logits / T) best predicts (least cross-entropy) the
+target's greedy token. A dynamic tree ranks candidates by cumulative draft probability as an
+estimate of acceptance; under greedy verification a candidate is accepted when it IS the
+target's argmax, and the raw head probabilities understate that (temperature scaling, Guo et
+al. 2017, with the target's greedy token as the label).
 
     python scripts/train_tiny.py --evaluate-only   # recompute the metrics of saved weights
 """
@@ -77,6 +82,7 @@ def evaluate(target: TinyLM, head: EagleHead, held_batches: list[torch.Tensor]) 
     """Held-out metrics of a trained target and head (see the module docstring)."""
     vocab = target.cfg.vocab_size
     losses, data_hits, ranks, count = [], 0, np.zeros(8), 0
+    head_logits, greedy_labels = [], []
     with torch.no_grad():
         for x in held_batches:
             logits, feats = target(x[:, :-1])
@@ -87,11 +93,17 @@ def evaluate(target: TinyLM, head: EagleHead, held_batches: list[torch.Tensor]) 
             top = guess.topk(ranks.size, dim=-1).indices
             ranks += (top == greedy[..., None]).reshape(-1, ranks.size).sum(0).numpy()
             count += greedy.numel()
+            head_logits.append(guess.reshape(-1, vocab))
+            greedy_labels.append(greedy.reshape(-1))
+        logits, labels = torch.cat(head_logits), torch.cat(greedy_labels)
+        temps = np.geomspace(0.1, 3.0, 61)
+        ce = [F.cross_entropy(logits / float(t), labels).item() for t in temps]
     return {
         "target_held_out_loss_nats_per_byte": round(float(np.mean(losses)), 4),
         "head_held_out_top1": round(data_hits / count, 4),
         "head_agreement_with_target_greedy": round(float(ranks[0]) / count, 4),
         "head_rank_acceptance": [round(float(r) / count, 4) for r in ranks],
+        "head_greedy_temperature": round(float(temps[int(np.argmin(ce))]), 3),
     }
 
 
@@ -167,7 +179,9 @@ def main() -> None:
         "training": {
             "command": "python scripts/train_tiny.py"
             + "".join(
-                f" --{k.replace('_', '-')} {v}" for k, v in vars(args).items() if k not in ("out",)
+                f" --{k.replace('_', '-')} {v}"
+                for k, v in vars(args).items()
+                if k not in ("out", "evaluate_only")
             ),
             "train_bytes": int(train.size),
             "held_out_bytes": int(held.size),

@@ -13,7 +13,7 @@ pytest.importorskip("torch")
 def test_demo_reports_every_method_identical_to_autoregressive(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    assert main(["demo", "--max-new-tokens", "24", "--json", "--threads", "2"]) == 0
+    assert main(["demo", "--max-new-tokens", "24", "--json", "--threads", "1"]) == 0
     report = json.loads(capsys.readouterr().out)
     rows = {r["method"]: r for r in report["greedy"]}
     assert rows["autoregressive"]["tokens_per_forward"] == 1.0

@@ -30,27 +30,42 @@ def add_demo_parser(sub: Any) -> None:
     p.add_argument("--device", default="cpu", help="torch device (cpu, cuda, ...)")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--budget", type=int, default=16, help="verified tokens per tree (root incl.)")
-    p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch threads (default 1: the model is tiny, and on a shared host a second "
+        "thread stalls at every OpenMP barrier when another process holds its core; 0 = "
+        "torch's default)",
+    )
     p.add_argument("--json", action="store_true", help="one JSON object instead of the table")
 
 
-def _methods(target: Any, head: Any, budget: int, rank_accept: list[float]) -> dict[str, Any]:
-    """Fresh drafters by name (the suffix drafter's global cache starts empty for each)."""
+def _methods(target: Any, head: Any, budget: int, metrics: dict[str, Any]) -> dict[str, Any]:
+    """Fresh drafters by name (the suffix drafter's global cache starts empty for each).
+
+    The EAGLE chain, dynamic tree and Sequoia tree at `budget` nodes draft to the same depth
+    (`budget - 1` head forwards), so they differ only in how they spend the verify budget. The
+    dynamic trees rank candidates with the head's greedy-calibrated temperature; the Sequoia
+    tree is planned from the head's measured per-rank acceptance (both from the shipped
+    config, measured on held-out text by scripts/train_tiny.py).
+    """
     import specsched as ss
     from specsched.drafting import NgramChainDrafter, SuffixTreeDrafter
     from specsched.models.eagle import EagleDrafter, EagleStaticDrafter
 
-    depth = 6
-    static, _ = ss.optimal_tree(rank_accept, budget, max_depth=depth)
+    depth = budget - 1
+    temperature = metrics["head_greedy_temperature"]
+    static, _ = ss.optimal_tree(metrics["head_rank_acceptance"], budget, max_depth=depth)
     return {
         "autoregressive": None,
-        f"eagle chain, depth {depth}": EagleDrafter.chain(target, head, depth=depth),
-        f"eagle chain, depth {budget - 1}": EagleDrafter.chain(target, head, depth=budget - 1),
+        "eagle chain, 7 nodes": EagleDrafter.chain(target, head, depth=6),
+        f"eagle chain, {budget} nodes": EagleDrafter.chain(target, head, depth=depth),
         f"eagle dynamic tree, {budget} nodes": EagleDrafter(
-            target, head, topk=4, depth=depth, budget=budget
+            target, head, topk=2, depth=depth, budget=budget, temperature=temperature
         ),
         f"eagle dynamic tree, {3 * budget} nodes": EagleDrafter(
-            target, head, topk=8, depth=depth, budget=3 * budget
+            target, head, topk=8, depth=depth, budget=3 * budget, temperature=temperature
         ),
         f"eagle Sequoia tree, {budget} nodes": EagleStaticDrafter(target, head, static),
         f"suffix tree, {budget} nodes": SuffixTreeDrafter(budget - 1),
@@ -69,15 +84,16 @@ def demo_command(args: argparse.Namespace) -> int:
 
     if args.max_new_tokens < 1 or args.budget < 2:
         raise ValueError("--max-new-tokens must be >= 1 and --budget >= 2")
+    if args.threads < 0:
+        raise ValueError("--threads must be >= 0")
     if args.threads:
         torch.set_num_threads(args.threads)
     meta = json.loads((WEIGHTS_DIR / "config.json").read_text())
     target, head = load_tiny(device=args.device)
     prompts = [list(p) for p in DEMO_PROMPTS]
-    rank_accept = meta["metrics"]["head_rank_acceptance"]
     rows = []
     reference: list[list[int]] | None = None
-    for name, drafter in _methods(target, head, args.budget, rank_accept).items():
+    for name, drafter in _methods(target, head, args.budget, meta["metrics"]).items():
         run = generate(TinyTarget(target), drafter, prompts, args.max_new_tokens)
         if reference is None:
             reference = run.tokens
@@ -86,7 +102,7 @@ def demo_command(args: argparse.Namespace) -> int:
     sampled = [
         generate(
             TinyTarget(target),
-            None if name is None else _methods(target, head, args.budget, rank_accept)[name],
+            None if name is None else _methods(target, head, args.budget, meta["metrics"])[name],
             prompts,
             args.max_new_tokens,
             temperature=0.8,

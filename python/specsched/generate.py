@@ -201,7 +201,9 @@ def generate(
     otherwise each token is sampled from the target's distribution after `temperature`, `top_k`
     and `top_p` (lossless; `seed` makes the run reproducible). A request stops after
     `max_new_tokens` tokens or after emitting `eos_token_id`; tokens accepted past either are
-    dropped.
+    dropped. A finished request stays in the batch with root-only trees until every request is
+    done (as HF's `generate` keeps finished rows): the target's batch never changes shape, and
+    the finished row's cache gains one ignored entry per step.
     """
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens: expected >= 1, got {max_new_tokens}")

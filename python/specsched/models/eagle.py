@@ -33,8 +33,13 @@ from specsched.models.tiny import EagleHead, TinyLM, cache_mask
 class _HeadState:
     """The head's cache, committed lengths and pending (feature, next token) pairs."""
 
-    def __init__(self, target: TinyLM, head: EagleHead, headroom: int) -> None:
+    def __init__(
+        self, target: TinyLM, head: EagleHead, headroom: int, temperature: float = 1.0
+    ) -> None:
+        if not temperature > 0:
+            raise ValueError(f"temperature: expected > 0, got {temperature}")
         self.target, self.head, self.headroom = target, head, headroom
+        self.temperature = temperature
         param = next(head.parameters())
         self.device, self.dtype = param.device, param.dtype
         self.cache = torch.empty(0)
@@ -75,7 +80,8 @@ class _HeadState:
         self.cache = grown
 
     def draft_logprobs(self, predicted: torch.Tensor) -> torch.Tensor:
-        return torch.log_softmax(self.target.logits(predicted).float(), dim=-1)
+        logits = self.target.logits(predicted).float()
+        return torch.log_softmax(logits / self.temperature if self.temperature != 1 else logits, -1)
 
     def feed(
         self,
@@ -128,7 +134,13 @@ class _HeadState:
 
 
 class EagleDrafter:
-    """EAGLE-2/3 dynamic tree drafting with specsched's `DynamicTreeBuilder`."""
+    """EAGLE-2/3 dynamic tree drafting with specsched's `DynamicTreeBuilder`.
+
+    Candidates are ranked by cumulative log probability of softmax(head logits /
+    `temperature`): the tree keeps the nodes most likely to be accepted, so the probabilities
+    should estimate acceptance. `scripts/train_tiny.py` fits the temperature that makes them
+    predict the target's greedy token (`head_greedy_temperature` in the shipped config).
+    """
 
     def __init__(
         self,
@@ -138,10 +150,11 @@ class EagleDrafter:
         topk: int = 8,
         depth: int = 6,
         budget: int = 48,
+        temperature: float = 1.0,
         headroom: int = 512,
     ) -> None:
         self.topk, self.depth, self.budget = topk, depth, budget
-        self.state = _HeadState(target, head, headroom)
+        self.state = _HeadState(target, head, headroom, temperature)
         self.builder: DynamicTreeBuilder | None = None
 
     @classmethod
@@ -252,7 +265,8 @@ class EagleStaticDrafter:
             need = int(self.ranks[nodes].max()) + 1
             cands = state.draft_logprobs(outputs[:, np.unique(parents)]).topk(need, dim=-1)
             slot = torch.as_tensor(np.searchsorted(np.unique(parents), parents), device=dev)
-            tokens[:, nodes] = cands.indices[:, slot, torch.as_tensor(self.ranks[nodes])]
+            rank = torch.as_tensor(self.ranks[nodes], device=dev)
+            tokens[:, nodes] = cands.indices[:, slot, rank]
             if depth == len(self.levels) - 1:
                 break  # leaves are verified, never fed
             columns = torch.as_tensor(nodes - 1, device=dev)

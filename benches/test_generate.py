@@ -1,0 +1,119 @@
+"""One speculative step on the shipped tiny model: the target's tree forward next to what
+specsched adds to it, for real EAGLE dynamic trees drafted from the demo prompts.
+
+Group `loop step B=b N=n` (b requests, n-node trees):
+- `target_forward`: `TinyTarget.forward_tree` (float32, CPU): the cost specsched's share is
+  measured against (the issue's target: specsched <= 2% of it);
+- `rust`: what the loop adds per step: `ss.verify(trees, logits)` on the forward's torch
+  logits (Rust reads the rows the walk visits, in place) + the target's `accept`
+  (`ss.compact_kv` over the one cache tensor, all layers and requests);
+- `torch_peer`: the same step as EAGLE's torch code does it: argmax every row, match along the
+  precomputed root-to-leaf paths (cumprod), take the best path, then gather/scatter the
+  accepted entries of every layer with tensor indexing;
+- `reference`: `reference.verify_logits` per tree and the reference compaction plan, applied
+  move by move.
+The drafting itself is the drafter's cost (a model forward per level), not specsched's, and is
+outside every contender. Contenders agree on the accepted paths (checked after timing).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import numpy as np
+import pytest
+import specsched as ss
+import torch
+from bench_inputs import run
+from specsched import reference as ref
+from specsched._cli_demo import DEMO_PROMPTS
+from specsched.models.eagle import EagleDrafter
+from specsched.models.tiny import TinyTarget, load_tiny
+from test_verify import TorchPaths, torch_threads, torch_verify
+
+CONTENDERS = ["target_forward", "rust", "torch_peer", "reference"]
+SIZES = [(1, 16), (4, 16), (4, 48)]
+
+
+class _Shape:
+    """What `TorchPaths` reads from a bench batch."""
+
+    def __init__(self, trees: ss.TreeBatch) -> None:
+        self.trees = trees
+        self.offsets = np.asarray(trees.offsets)
+
+    def tree_batch(self) -> ss.TreeBatch:
+        return self.trees
+
+
+@functools.cache
+def step_case(batch: int, budget: int) -> tuple[TinyTarget, ss.TreeBatch, Any]:
+    """A prefilled target, one drafted batch of trees and the target's forward over them."""
+    model, head = load_tiny()
+    target = TinyTarget(model)
+    prompts = [list(p) for p in DEMO_PROMPTS[:batch]]
+    prefill = target.prefill(prompts)
+    first = prefill.logits.argmax(-1).numpy()
+    drafter = EagleDrafter(model, head, topk=8, depth=6, budget=budget)
+    drafter.start(prompts, first, prefill)
+    trees = drafter.propose(first, np.ones(batch, dtype=bool))
+    return target, trees, target.forward_tree(trees)
+
+
+def torch_step(paths: TorchPaths, tokens: torch.Tensor, logits: torch.Tensor, target: TinyTarget):
+    k, nodes, emitted = torch_verify(paths, tokens, logits.argmax(dim=-1))
+    # KV: every request's accepted entries moved to length + 0..k, all layers at once.
+    lengths = torch.from_numpy(target.lengths)
+    for b in range(nodes.shape[0]):
+        src = lengths[b] + nodes[b, : k[b] + 1]
+        dst = lengths[b] + torch.arange(int(k[b]) + 1)
+        target.cache[:, :, b, :, dst] = target.cache[:, :, b, :, src]
+    return k, nodes, emitted
+
+
+def reference_step(trees: ss.TreeBatch, rows: np.ndarray, target: TinyTarget):
+    offsets = trees.offsets.tolist()
+    parents, tokens = trees.parents.tolist(), trees.tokens.tolist()
+    accepted = []
+    for b in range(trees.num_trees):
+        s, e = offsets[b], offsets[b + 1]
+        nodes, _ = ref.verify_logits(parents[s:e], tokens[s:e], rows[s:e].tolist())
+        accepted.append(len(nodes) - 1)
+        plan = ref.kv_compaction_plan(nodes, int(target.lengths[b]))
+        for src, dst in zip(*plan, strict=True):
+            target.cache[:, :, b, :, dst] = target.cache[:, :, b, :, src]
+    return accepted
+
+
+@pytest.mark.parametrize("contender", CONTENDERS)
+@pytest.mark.parametrize(("batch", "budget"), SIZES, ids=[f"B{b}-N{n}" for b, n in SIZES])
+def test_loop_step(benchmark, batch, budget, contender):
+    benchmark.group = f"loop step B={batch} N={budget}"
+    target, trees, step = step_case(batch, budget)
+    logits = step.logits
+    expected = ss.verify(trees, logits)
+    with torch_threads(2 if contender == "target_forward" else 1):
+        if contender == "target_forward":
+            run(benchmark, lambda: target.forward_tree(trees))
+            return
+        if contender == "rust":
+
+            def fn():
+                result = ss.verify(trees, logits)
+                # `target.accept` minus its length bookkeeping, so every round moves the same.
+                ss.compact_kv(target.cache, result, target.lengths, seq_dim=4, batch_dim=2)
+                return result
+
+            got = run(benchmark, fn)
+            np.testing.assert_array_equal(got.accepted_nodes, expected.accepted_nodes)
+        elif contender == "torch_peer":
+            paths = TorchPaths(_Shape(trees))
+            tokens = torch.from_numpy(np.asarray(trees.tokens))
+            k, nodes, _ = run(benchmark, lambda: torch_step(paths, tokens, logits, target))
+            np.testing.assert_array_equal(k.numpy(), expected.num_accepted)
+            np.testing.assert_array_equal(nodes.numpy(), expected.accepted_nodes)
+        else:
+            rows = logits.numpy()
+            got = run(benchmark, lambda: reference_step(trees, rows, target), rounds=5)
+            assert got == expected.num_accepted.tolist()
