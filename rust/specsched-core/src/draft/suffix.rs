@@ -49,8 +49,13 @@ use crate::error::{Error, Result};
 
 const NIL: u32 = u32::MAX;
 const ROOT: u32 = 0;
-/// Marks a tail node in `count` (materialized counts stay below 2^31: one per indexed token).
-const TAIL: u32 = 1 << 31;
+/// In `lo`: the node is a tail (count 1, its chain ends with its occurrence).
+const TAIL: u16 = 1 << 15;
+/// In `hi`: the node's children are indexed in `lookup` (it has had `WIDE_MIN` children).
+const WIDE: u16 = 1 << 15;
+const DEPTH: u16 = !(1 << 15);
+/// Children at which a node's children enter the hash table; below, a lookup scans siblings.
+const WIDE_MIN: usize = 8;
 
 /// Largest `max_depth` accepted.
 pub const MAX_DEPTH_LIMIT: i64 = 4096;
@@ -80,7 +85,7 @@ impl Hasher for KeyHasher {
     }
 }
 
-/// `(node, token) -> child`: 12-byte slots (a `u64` key would pad them to 16).
+/// `(node, token) -> child` of wide nodes: 12-byte slots (a `u64` key would pad them to 16).
 type Lookup = HashMap<(u32, u32), u32, BuildHasherDefault<KeyHasher>>;
 
 #[inline]
@@ -91,34 +96,48 @@ fn key(node: u32, token: u32) -> (u32, u32) {
 #[derive(Debug, Default, Clone)]
 struct Seq {
     tokens: Vec<u32>,
-    /// (start, node) of the suffixes still inside materialized nodes, deepest first.
+    /// (start, node) of the suffixes whose occurrence ends at a node's end (not in a tail),
+    /// deepest first; valid only while this is the index's open sequence.
     active: Vec<(u32, u32)>,
+    /// Removed, but some node still reads its labels from `tokens` (`refs` of them).
+    dead: bool,
+    refs: u32,
 }
 
-/// A position in the trie: a materialized node at its own depth, or a point at `depth` inside
-/// the count-1 chain a tail node stands for.
+/// A position in the tree: node `node` at depth `depth`, `start(node) <= depth <= end(node)`
+/// (the root at depth 0).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Locus {
     node: u32,
     depth: u32,
 }
 
-/// One suffix trie over a set of token sequences.
+/// One path-compressed, depth-bounded suffix tree over a set of token sequences.
 #[derive(Debug, Clone)]
 pub struct SuffixIndex {
     max_depth: u32,
-    /// Occurrence count of a materialized node; for a tail node (count 1 by definition),
-    /// `TAIL | sequence` of the occurrence it stands for.
+    /// Occurrence count shared by every point of the node's chain (1 for a tail; the root's
+    /// is the number of indexed tokens).
     count: Vec<u32>,
+    /// Label of the node's first point.
     token: Vec<u32>,
-    /// First child of a materialized node (`NIL`: none); for a tail node, the start of its
-    /// occurrence (a tail has no children).
+    /// First child (`NIL`: none; a tail has none).
     first_child: Vec<u32>,
     next_sib: Vec<u32>,
+    /// A reference occurrence `(sequence, start)` through the whole chain: the label of the
+    /// point at depth `e` is `tokens(rseq)[rpos + e - 1]`. A tail's is its own occurrence.
+    rseq: Vec<u32>,
+    rpos: Vec<u32>,
+    /// Depth of the first point | `TAIL`.
+    lo: Vec<u16>,
+    /// Depth of the last point (tails: unused, the end follows the occurrence) | `WIDE`.
+    hi: Vec<u16>,
     lookup: Lookup,
     free_nodes: Vec<u32>,
     seqs: Vec<Option<Seq>>,
     free_seqs: Vec<u32>,
+    /// The sequence whose active suffixes are tracked (appending to another one seals it).
+    open: Option<u32>,
     num_tokens: usize,
 }
 
@@ -221,10 +240,15 @@ impl SuffixIndex {
             token: vec![NIL],
             first_child: vec![NIL],
             next_sib: vec![NIL],
+            rseq: vec![NIL],
+            rpos: vec![0],
+            lo: vec![0],
+            hi: vec![0],
             lookup: Lookup::default(),
             free_nodes: Vec::new(),
             seqs: Vec::new(),
             free_seqs: Vec::new(),
+            open: None,
             num_tokens: 0,
         })
     }
@@ -238,14 +262,16 @@ impl SuffixIndex {
         self.num_tokens
     }
 
-    /// Live trie nodes (root included).
+    /// Live tree nodes (root included).
     pub fn num_nodes(&self) -> usize {
         self.count.len() - self.free_nodes.len()
     }
 
     /// Heap bytes held (arena, hash table, sequences), by capacity.
     pub fn memory_bytes(&self) -> usize {
-        let arena = self.count.capacity() * 4 * 4 + self.free_nodes.capacity() * 4;
+        let arena = self.count.capacity() * 4 * 6
+            + self.lo.capacity() * 2 * 2
+            + self.free_nodes.capacity() * 4;
         // hashbrown: a power-of-two bucket count, at most 7/8 full; a 12-byte slot and one
         // control byte per bucket.
         let cap = self.lookup.capacity();
@@ -286,71 +312,214 @@ impl SuffixIndex {
         }
     }
 
-    fn new_tail(&mut self, parent: u32, token: u32, tail: (u32, u32)) -> u32 {
-        let id = self.link_tail(parent, token, tail);
-        self.lookup.insert(key(parent, token), id);
-        id
-    }
-
-    /// The id the next allocated node gets.
     #[inline]
-    fn next_id(free_nodes: &[u32], len: usize) -> u32 {
-        free_nodes.last().copied().unwrap_or(len as u32)
+    fn is_tail(&self, v: u32) -> bool {
+        self.lo[v as usize] & TAIL != 0
     }
 
-    /// Allocates a tail node for occurrence `(seq, start)` and links it under `parent`,
-    /// without indexing it in `lookup`. (Every node is born a tail; materialization turns
-    /// tails into counted nodes.)
-    fn link_tail(&mut self, parent: u32, token: u32, (seq, start): (u32, u32)) -> u32 {
-        debug_assert!(seq < TAIL);
-        let first = self.first_child[parent as usize];
-        let id = match self.free_nodes.pop() {
+    #[inline]
+    fn is_wide(&self, v: u32) -> bool {
+        self.hi[v as usize] & WIDE != 0
+    }
+
+    /// Depth of the node's last point.
+    #[inline]
+    fn end(&self, v: u32) -> u32 {
+        let i = v as usize;
+        if self.lo[i] & TAIL != 0 {
+            let len = self.seq_tokens(self.rseq[i]).len() as u32;
+            let e = self.max_depth.min(len - self.rpos[i]);
+            debug_assert!((self.lo[i] & DEPTH) as u32 <= e, "empty tail {v}");
+            e
+        } else {
+            (self.hi[i] & DEPTH) as u32
+        }
+    }
+
+    /// Label of the point at depth `e` of node `v`'s chain.
+    #[inline]
+    fn label(&self, v: u32, e: u32) -> u32 {
+        let i = v as usize;
+        self.seq_tokens(self.rseq[i])[(self.rpos[i] + e - 1) as usize]
+    }
+
+    /// Occurrence count of any node (1 for a tail).
+    #[inline]
+    fn node_count(&self, node: u32) -> u32 {
+        self.count[node as usize]
+    }
+
+    /// Child of `u` whose first label is `t`, and (when `u` is narrow) how many children
+    /// were scanned.
+    #[inline]
+    fn find_child(&self, u: u32, t: u32) -> (Option<u32>, usize) {
+        if self.is_wide(u) {
+            return (self.lookup.get(&key(u, t)).copied(), 0);
+        }
+        let mut c = self.first_child[u as usize];
+        let mut n = 0;
+        while c != NIL {
+            if self.token[c as usize] == t {
+                return (Some(c), n);
+            }
+            n += 1;
+            c = self.next_sib[c as usize];
+        }
+        (None, n)
+    }
+
+    /// Allocates a node (not linked anywhere).
+    #[allow(clippy::too_many_arguments)]
+    fn alloc(
+        &mut self,
+        count: u32,
+        token: u32,
+        first_child: u32,
+        rs: (u32, u32),
+        lo: u16,
+        hi: u16,
+    ) -> u32 {
+        self.acquire_ref(rs.0);
+        match self.free_nodes.pop() {
             Some(id) => {
                 let i = id as usize;
-                self.count[i] = TAIL | seq;
+                self.count[i] = count;
                 self.token[i] = token;
-                self.first_child[i] = start;
-                self.next_sib[i] = first;
+                self.first_child[i] = first_child;
+                self.next_sib[i] = NIL;
+                self.rseq[i] = rs.0;
+                self.rpos[i] = rs.1;
+                self.lo[i] = lo;
+                self.hi[i] = hi;
                 id
             }
             None => {
-                self.count.push(TAIL | seq);
+                self.count.push(count);
                 self.token.push(token);
-                self.first_child.push(start);
-                self.next_sib.push(first);
+                self.first_child.push(first_child);
+                self.next_sib.push(NIL);
+                self.rseq.push(rs.0);
+                self.rpos.push(rs.1);
+                self.lo.push(lo);
+                self.hi.push(hi);
                 (self.count.len() - 1) as u32
             }
-        };
-        self.first_child[parent as usize] = id;
-        id
+        }
     }
 
-    fn remove_node(&mut self, parent: u32, node: u32) {
-        let i = node as usize;
-        debug_assert!(self.is_tail(node) || self.first_child[i] == NIL);
-        self.lookup.remove(&key(parent, self.token[i]));
-        // Singly linked siblings: find the predecessor (removal happens only on eviction).
+    /// A node starts reading labels from sequence `s`.
+    #[inline]
+    fn acquire_ref(&mut self, s: u32) {
+        if let Some(sq) = self.seqs[s as usize].as_mut() {
+            if sq.dead {
+                sq.refs += 1;
+            }
+        }
+    }
+
+    /// A node stops reading labels from sequence `s`: a removed sequence nobody reads is freed.
+    #[inline]
+    fn release_ref(&mut self, s: u32) {
+        let slot = &mut self.seqs[s as usize];
+        if let Some(sq) = slot.as_mut() {
+            if sq.dead {
+                sq.refs -= 1;
+                if sq.refs == 0 {
+                    *slot = None;
+                    self.free_seqs.push(s);
+                }
+            }
+        }
+    }
+
+    /// Frees node `v` (already unlinked), releasing its reference when `release`.
+    fn free_node(&mut self, v: u32, release: bool) {
+        let i = v as usize;
+        if release {
+            self.release_ref(self.rseq[i]);
+        }
+        self.count[i] = 0;
+        self.first_child[i] = NIL;
+        self.lo[i] = 0;
+        self.hi[i] = 0;
+        self.free_nodes.push(v);
+    }
+
+    /// Links `v` as a child of `u`, which had `kids` children (exact when `u` is narrow).
+    fn link_child(&mut self, u: u32, v: u32, kids: usize) {
+        let ui = u as usize;
+        self.next_sib[v as usize] = self.first_child[ui];
+        self.first_child[ui] = v;
+        if self.is_wide(u) {
+            self.lookup.insert(key(u, self.token[v as usize]), v);
+        } else if kids + 1 >= WIDE_MIN {
+            self.hi[ui] |= WIDE;
+            let mut c = v;
+            while c != NIL {
+                self.lookup.insert(key(u, self.token[c as usize]), c);
+                c = self.next_sib[c as usize];
+            }
+        }
+    }
+
+    /// Unlinks child `v` from `u` (scans `u`'s siblings: eviction only).
+    fn unlink_child(&mut self, u: u32, v: u32) {
+        let i = v as usize;
+        if self.is_wide(u) {
+            self.lookup.remove(&key(u, self.token[i]));
+        }
         let next = self.next_sib[i];
-        let mut c = self.first_child[parent as usize];
-        if c == node {
-            self.first_child[parent as usize] = next;
+        let mut c = self.first_child[u as usize];
+        if c == v {
+            self.first_child[u as usize] = next;
         } else {
-            while self.next_sib[c as usize] != node {
+            while self.next_sib[c as usize] != v {
                 c = self.next_sib[c as usize];
             }
             self.next_sib[c as usize] = next;
         }
-        self.count[i] = 0;
-        self.first_child[i] = NIL;
-        self.free_nodes.push(node);
+    }
+
+    /// Child `v` of `u` gets a new first label `t`.
+    #[inline]
+    fn relabel(&mut self, u: u32, v: u32, t: u32) {
+        let i = v as usize;
+        if self.is_wide(u) {
+            self.lookup.remove(&key(u, self.token[i]));
+            self.lookup.insert(key(u, t), v);
+        }
+        self.token[i] = t;
+    }
+
+    /// The children of wide node `from` now hang under `to`: re-key them.
+    fn rekey_children(&mut self, from: u32, to: u32) {
+        let mut c = self.first_child[to as usize];
+        while c != NIL {
+            let t = self.token[c as usize];
+            self.lookup.remove(&key(from, t));
+            self.lookup.insert(key(to, t), c);
+            c = self.next_sib[c as usize];
+        }
+    }
+
+    /// Tail node for occurrence `(seq, j)` starting at depth `start` under `u`.
+    fn new_tail(&mut self, u: u32, kids: usize, (seq, j): (u32, u32), start: u32, t: u32) {
+        let v = self.alloc(1, t, NIL, (seq, j), start as u16 | TAIL, 0);
+        self.link_child(u, v, kids);
     }
 
     /// Appends already checked tokens to sequence `seq`.
     pub fn append(&mut self, seq: u32, tokens: &[u32]) {
+        if self.open != Some(seq) {
+            if let Some(o) = self.open {
+                self.seal(o);
+            }
+            self.reactivate(seq);
+            self.open = Some(seq);
+        }
         let s = seq as usize;
         let mut active = std::mem::take(&mut self.seqs[s].as_mut().expect("live sequence").active);
-        // Reserve up front: one tail per token at most, and materializations beside.
-        self.lookup.reserve(tokens.len());
+        let maxd = self.max_depth;
         for &t in tokens {
             let n = {
                 let sq = self.seqs[s].as_mut().expect("live sequence");
@@ -363,45 +532,105 @@ impl SuffixIndex {
             let mut kept = 0;
             for r in 0..active.len() {
                 let (j, u) = active[r];
-                // u is at depth d before t.
+                // u ends at depth d; the occurrence j now reaches depth d + 1, labelled t.
                 let d = n - j;
-                // One probe: a vacant slot is filled with the id the new node will get.
-                let found = match self.lookup.entry(key(u, t)) {
-                    Entry::Occupied(o) => Some(*o.get()),
-                    Entry::Vacant(e) => {
-                        e.insert(Self::next_id(&self.free_nodes, self.count.len()));
-                        None
-                    }
+                debug_assert_eq!(self.end(u), d);
+                let (found, kids) = self.find_child(u, t);
+                let Some(v) = found else {
+                    // First occurrence of this string: j's own tail; j retires.
+                    self.new_tail(u, kids, (seq, j), d + 1, t);
+                    continue;
                 };
-                match found {
-                    None => {
-                        // First occurrence of this string: j's own tail; j retires.
-                        let id = self.link_tail(u, t, (seq, j));
-                        debug_assert_eq!(self.lookup[&key(u, t)], id);
+                let (ui, vi) = (u as usize, v as usize);
+                let at = if u != ROOT
+                    && self.first_child[ui] == v
+                    && self.next_sib[vi] == NIL
+                    && self.count[ui] == self.count[vi] + 1
+                {
+                    // u's count differs from its only child's by j alone: u absorbs the point
+                    // and reads its labels from j (u's reference may be a removed occurrence
+                    // that stops at u's end).
+                    let v_end = self.end(v);
+                    if self.rseq[ui] != seq {
+                        self.release_ref(self.rseq[ui]);
+                        self.rseq[ui] = seq;
                     }
-                    Some(v) => {
-                        let vi = v as usize;
+                    self.rpos[ui] = j;
+                    if v_end == d + 1 {
+                        if self.is_wide(u) {
+                            self.lookup.remove(&key(u, t));
+                        }
                         if self.is_tail(v) {
-                            // A second occurrence: materialize v, re-hang the tail one deeper.
-                            let (ts, tk) = self.tail_ref(v);
-                            self.first_child[vi] = NIL;
-                            self.count[vi] = 2;
-                            if d + 1 < self.max_depth {
-                                let other = self.seq_tokens(ts);
-                                let idx = (tk + d + 1) as usize;
-                                if idx < other.len() {
-                                    let x = other[idx];
-                                    self.new_tail(v, x, (ts, tk));
-                                }
-                            }
+                            self.first_child[ui] = NIL;
+                            self.hi[ui] = (d + 1) as u16;
+                            self.free_node(v, true);
                         } else {
-                            self.count[vi] += 1;
+                            // Merge v into u.
+                            self.first_child[ui] = self.first_child[vi];
+                            self.hi[ui] = self.hi[vi];
+                            if self.is_wide(v) {
+                                self.rekey_children(v, u);
+                            }
+                            self.release_ref(self.rseq[ui]);
+                            self.rseq[ui] = self.rseq[vi];
+                            self.rpos[ui] = self.rpos[vi];
+                            self.free_node(v, false);
                         }
-                        if d + 1 < self.max_depth {
-                            active[kept] = (j, v);
-                            kept += 1;
+                    } else {
+                        self.hi[ui] = (d + 1) as u16 | (self.hi[ui] & WIDE);
+                        self.lo[vi] = (d + 2) as u16 | (self.lo[vi] & TAIL);
+                        let x = self.label(v, d + 2);
+                        self.relabel(u, v, x);
+                    }
+                    u
+                } else if self.is_tail(v) {
+                    // A second occurrence: v becomes a counted point, the tail hangs below.
+                    let tail_end = self.end(v);
+                    let rs = (self.rseq[vi], self.rpos[vi]);
+                    self.count[vi] = 2;
+                    self.lo[vi] = (d + 1) as u16;
+                    self.hi[vi] = (d + 1) as u16;
+                    self.first_child[vi] = NIL;
+                    if d + 2 <= tail_end {
+                        let x = self.label(v, d + 2);
+                        self.new_tail(v, 0, rs, d + 2, x);
+                    }
+                    v
+                } else if self.end(v) == d + 1 {
+                    self.count[vi] += 1;
+                    v
+                } else {
+                    // Split: v keeps the point d + 1, a new node w the rest of the chain.
+                    let x = self.label(v, d + 2);
+                    let rs = (self.rseq[vi], self.rpos[vi]);
+                    let w = self.alloc(
+                        self.count[vi],
+                        x,
+                        self.first_child[vi],
+                        rs,
+                        (d + 2) as u16,
+                        self.hi[vi],
+                    );
+                    if self.is_wide(v) {
+                        self.rekey_children(v, w);
+                    }
+                    // An occurrence already extended this token may end at v's end: it now
+                    // ends at w's.
+                    if let Some(jj) = (n + 1).checked_sub(self.end(v)) {
+                        if let Some(a) = active[..kept].iter_mut().find(|a| a.0 == jj) {
+                            if a.1 == v {
+                                a.1 = w;
+                            }
                         }
                     }
+                    self.hi[vi] = (d + 1) as u16;
+                    self.first_child[vi] = w;
+                    self.count[vi] += 1;
+                    v
+                };
+                if d + 1 < maxd {
+                    active[kept] = (j, at);
+                    kept += 1;
                 }
             }
             active.truncate(kept);
@@ -409,41 +638,120 @@ impl SuffixIndex {
         self.seqs[s].as_mut().expect("live sequence").active = active;
     }
 
-    /// Stops tracking the active suffixes of `seq` (it will not grow any more).
+    /// Recomputes the active suffixes of `seq` (after appends to another sequence): the
+    /// occurrences among its last `max_depth - 1` suffixes that end at a node's end.
+    fn reactivate(&mut self, seq: u32) {
+        let toks = self.seq_tokens(seq);
+        let n = toks.len();
+        let mut active = Vec::new();
+        for j in n - n.min(self.max_depth as usize - 1)..n {
+            let mut l = Locus {
+                node: ROOT,
+                depth: 0,
+            };
+            let mut ok = true;
+            for &x in &toks[j..] {
+                match self.step(l, x) {
+                    Some(next) => l = next,
+                    None => {
+                        ok = false;
+                        break;
+                    }
+                }
+            }
+            if ok && !self.is_tail(l.node) && l.depth == self.end(l.node) {
+                active.push((j as u32, l.node));
+            }
+        }
+        self.seqs[seq as usize]
+            .as_mut()
+            .expect("live sequence")
+            .active = active;
+    }
+
+    /// Stops tracking the active suffixes of `seq` (it will not grow any more, or another
+    /// sequence is appended to).
     pub fn seal(&mut self, seq: u32) {
         let sq = self.seqs[seq as usize].as_mut().expect("live sequence");
         sq.active = Vec::new();
+        if self.open == Some(seq) {
+            self.open = None;
+        }
     }
 
     /// Removes sequence `seq` and every occurrence it contributed.
     pub fn remove_seq(&mut self, seq: u32) {
-        let sq = self.seqs[seq as usize].take().expect("live sequence");
-        let toks = sq.tokens;
+        self.seal(seq);
+        let toks = self.seq_tokens(seq).to_vec();
         let d = self.max_depth as usize;
         let mut path: Vec<(u32, u32)> = Vec::with_capacity(d);
+        // Nodes that read their labels from `seq` when visited.
+        let mut orphans: Vec<u32> = Vec::new();
         for j in 0..toks.len() {
             path.clear();
             self.count[ROOT as usize] -= 1;
+            let len = toks.len().min(j + d) - j;
             let mut v = ROOT;
-            for &x in &toks[j..toks.len().min(j + d)] {
-                let c = self.lookup[&key(v, x)];
+            let mut depth = 0;
+            while depth < len {
+                let c = self
+                    .find_child(v, toks[j + depth])
+                    .0
+                    .expect("an indexed occurrence is in the tree");
                 if self.is_tail(c) {
-                    debug_assert_eq!(self.tail_ref(c), (seq, j as u32));
-                    self.remove_node(v, c);
+                    debug_assert_eq!(
+                        (self.rseq[c as usize], self.rpos[c as usize]),
+                        (seq, j as u32)
+                    );
+                    self.unlink_child(v, c);
+                    self.free_node(c, true);
                     break;
                 }
                 self.count[c as usize] -= 1;
                 path.push((v, c));
+                depth = self.end(c) as usize;
                 v = c;
             }
             for &(p, c) in path.iter().rev() {
-                if self.count[c as usize] == 0 {
-                    self.remove_node(p, c);
+                let ci = c as usize;
+                if self.count[ci] == 0 {
+                    debug_assert_eq!(self.first_child[ci], NIL);
+                    self.unlink_child(p, c);
+                    self.free_node(c, true);
+                } else if self.rseq[ci] == seq {
+                    // Borrow a child's occurrence (which may itself still be in `seq`, or be
+                    // an orphan's): whatever still reads `seq` at the end is counted then.
+                    orphans.push(c);
+                    let g = self.first_child[ci];
+                    if g != NIL {
+                        let gs = self.rseq[g as usize];
+                        self.acquire_ref(gs);
+                        self.rseq[ci] = gs;
+                        self.rpos[ci] = self.rpos[g as usize];
+                    }
                 }
             }
         }
         self.num_tokens -= toks.len();
-        self.free_seqs.push(seq);
+        orphans.sort_unstable();
+        orphans.dedup();
+        let refs = orphans
+            .iter()
+            .filter(|&&c| {
+                let ci = c as usize;
+                self.count[ci] > 0 && self.lo[ci] & TAIL == 0 && self.rseq[ci] == seq
+            })
+            .count() as u32;
+        if refs > 0 {
+            // Some counted nodes end where their other occurrences end: keep the labels.
+            let sq = self.seqs[seq as usize].as_mut().expect("live sequence");
+            sq.dead = true;
+            sq.refs = refs;
+            sq.active = Vec::new();
+        } else {
+            self.seqs[seq as usize] = None;
+            self.free_seqs.push(seq);
+        }
     }
 
     #[cfg(test)]
@@ -451,49 +759,16 @@ impl SuffixIndex {
         self.node_count(l.node)
     }
 
-    /// The single continuation token of a point inside a tail chain, if any.
-    #[inline]
-    fn tail_next(&self, l: Locus) -> Option<u32> {
-        if l.depth >= self.max_depth {
-            return None;
-        }
-        let (seq, start) = self.tail_ref(l.node);
-        self.seq_tokens(seq)
-            .get((start + l.depth) as usize)
-            .copied()
-    }
-
-    #[inline]
-    fn is_tail(&self, node: u32) -> bool {
-        self.count[node as usize] & TAIL != 0
-    }
-
-    /// The occurrence `(sequence, start)` a tail node stands for.
-    #[inline]
-    fn tail_ref(&self, node: u32) -> (u32, u32) {
-        let i = node as usize;
-        (self.count[i] & !TAIL, self.first_child[i])
-    }
-
-    /// Occurrence count of any node (1 for a tail).
-    #[inline]
-    fn node_count(&self, node: u32) -> u32 {
-        let c = self.count[node as usize];
-        if c & TAIL != 0 {
-            1
-        } else {
-            c
-        }
-    }
-
     fn step(&self, l: Locus, x: u32) -> Option<Locus> {
-        if self.is_tail(l.node) {
-            (self.tail_next(l) == Some(x)).then_some(Locus {
+        if l.depth < self.end(l.node) {
+            (self.label(l.node, l.depth + 1) == x).then_some(Locus {
                 node: l.node,
                 depth: l.depth + 1,
             })
+        } else if self.is_tail(l.node) || l.depth >= self.max_depth {
+            None
         } else {
-            self.lookup.get(&key(l.node, x)).map(|&c| Locus {
+            self.find_child(l.node, x).0.map(|c| Locus {
                 node: c,
                 depth: l.depth + 1,
             })
@@ -501,33 +776,29 @@ impl SuffixIndex {
     }
 
     fn has_continuation(&self, l: Locus) -> bool {
-        if self.is_tail(l.node) {
-            self.tail_next(l).is_some()
-        } else {
-            l.depth < self.max_depth && self.first_child[l.node as usize] != NIL
-        }
+        l.depth < self.end(l.node)
+            || (!self.is_tail(l.node) && self.first_child[l.node as usize] != NIL)
     }
 
     /// Children of `l` with count >= `min_count`, as (count, token, locus), in (count
     /// descending, token ascending) order.
     fn children(&self, l: Locus, min_count: u32, out: &mut Vec<(u32, u32, Locus)>) {
         out.clear();
-        if self.is_tail(l.node) {
-            if let Some(x) = self.tail_next(l) {
-                if 1 >= min_count {
-                    out.push((
-                        1,
-                        x,
-                        Locus {
-                            node: l.node,
-                            depth: l.depth + 1,
-                        },
-                    ));
-                }
+        if l.depth < self.end(l.node) {
+            let cnt = self.node_count(l.node);
+            if cnt >= min_count {
+                out.push((
+                    cnt,
+                    self.label(l.node, l.depth + 1),
+                    Locus {
+                        node: l.node,
+                        depth: l.depth + 1,
+                    },
+                ));
             }
             return;
         }
-        if l.depth >= self.max_depth {
+        if self.is_tail(l.node) {
             return;
         }
         let mut c = self.first_child[l.node as usize];
@@ -576,9 +847,13 @@ impl SuffixIndex {
     }
 
     /// The deepest active suffix of `seq` with a continuation: the match of the sequence's own
-    /// context in its own index, read off without a search.
+    /// context in its own index, read off without a search (a search when `seq` is not the
+    /// open sequence).
     fn own_match(&self, seq: u32, max_match: usize) -> Option<(Locus, usize)> {
         let sq = self.seqs[seq as usize].as_ref().expect("live sequence");
+        if self.open != Some(seq) {
+            return self.find_match(&sq.tokens, max_match);
+        }
         let n = sq.tokens.len() as u32;
         sq.active.iter().find_map(|&(j, node)| {
             let l = Locus { node, depth: n - j };
@@ -586,7 +861,6 @@ impl SuffixIndex {
                 .then_some((l, l.depth as usize))
         })
     }
-
     /// Longest match considered: `max_depth - budget` (at least 1, at most `max_depth - 1`),
     /// so that a full-budget chain still fits under the depth bound.
     fn max_match(&self, opt: &ProposeOptions) -> usize {
@@ -1004,5 +1278,110 @@ mod tests {
         assert!(d.propose(2, &opt, true).is_err());
         assert!(ProposeOptions::new(0, 0.1, 1.0, false).is_err());
         assert!(ProposeOptions::new(1, 0.0, 1.0, false).is_err());
+    }
+}
+
+#[cfg(test)]
+mod interleaved_tests {
+    use super::*;
+
+    fn rng(x: &mut u64) -> u64 {
+        *x = x
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        *x >> 33
+    }
+
+    /// Every string of every sequence, walked from the root, carries its brute-force count.
+    fn counts_ok(idx: &SuffixIndex, seqs: &[Vec<u32>], depth: usize) -> bool {
+        for s in seqs {
+            for i in 0..s.len() {
+                let mut l = Locus { node: 0, depth: 0 };
+                for e in 1..=depth.min(s.len() - i) {
+                    let Some(n) = idx.step(l, s[i + e - 1]) else {
+                        return false;
+                    };
+                    l = n;
+                    let w = &s[i..i + e];
+                    let want: usize = seqs
+                        .iter()
+                        .map(|q| q.windows(e).filter(|x| *x == w).count())
+                        .sum();
+                    if idx.locus_count(l) as usize != want {
+                        return false;
+                    }
+                }
+            }
+        }
+        true
+    }
+
+    /// Appends interleaved between sequences, removals in any order, counts checked after
+    /// every operation; removing everything frees every node and every sequence.
+    #[test]
+    fn interleaved_appends_and_removals() {
+        let mut x = 7u64;
+        for round in 0..1500 {
+            let depth = 1 + (rng(&mut x) % 7) as usize;
+            let mut idx = SuffixIndex::new(depth as i64).unwrap();
+            let mut live: Vec<(u32, Vec<u32>)> = Vec::new();
+            let alpha = 1 + rng(&mut x) % 3;
+            let mut ops = vec![format!("depth {depth}")];
+            for _ in 0..10 {
+                match rng(&mut x) % 4 {
+                    0 if !live.is_empty() => {
+                        let k = (rng(&mut x) as usize) % live.len();
+                        let (s, _) = live.remove(k);
+                        ops.push(format!("rm {s}"));
+                        idx.remove_seq(s);
+                    }
+                    1 | 2 if !live.is_empty() => {
+                        let k = (rng(&mut x) as usize) % live.len();
+                        let len = rng(&mut x) % 6;
+                        let toks: Vec<u32> =
+                            (0..len).map(|_| (rng(&mut x) % alpha) as u32).collect();
+                        idx.append(live[k].0, &toks);
+                        ops.push(format!("app {} {toks:?}", live[k].0));
+                        live[k].1.extend(&toks);
+                    }
+                    _ => {
+                        let s = idx.add_seq();
+                        let len = rng(&mut x) % 10;
+                        let toks: Vec<u32> =
+                            (0..len).map(|_| (rng(&mut x) % alpha) as u32).collect();
+                        idx.append(s, &toks);
+                        ops.push(format!("new {s} {toks:?}"));
+                        live.push((s, toks));
+                    }
+                }
+                for v in 1..idx.count.len() {
+                    if idx.count[v] > 0 && idx.seqs[idx.rseq[v] as usize].is_none() {
+                        panic!(
+                            "round {round} node {v} refs freed {} ops {ops:?}",
+                            idx.rseq[v]
+                        );
+                    }
+                }
+                let seqs: Vec<Vec<u32>> = live.iter().map(|(_, t)| t.clone()).collect();
+                assert!(counts_ok(&idx, &seqs, depth), "round {round} {ops:?}");
+                for (s, t) in &live {
+                    let m = depth - 1;
+                    if !t.is_empty() && m > 0 {
+                        let a = idx.own_match(*s, m).map(|(l, n)| (idx.locus_count(l), n));
+                        let b = idx.find_match(t, m).map(|(l, n)| (idx.locus_count(l), n));
+                        assert_eq!(a, b, "round {round}");
+                    }
+                }
+            }
+            for (s, _) in live {
+                idx.remove_seq(s);
+            }
+            assert_eq!(idx.num_nodes(), 1, "round {round}");
+            assert!(idx.lookup.is_empty());
+            assert!(
+                idx.seqs.iter().all(Option::is_none),
+                "round {round}: a dead sequence is kept"
+            );
+        }
     }
 }
