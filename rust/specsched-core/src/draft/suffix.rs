@@ -1,4 +1,4 @@
-//! SuffixDecoding-class tree drafter: count-weighted suffix tries over each request's context
+//! SuffixDecoding-class tree drafter: count-weighted suffix trees over each request's context
 //! and over past responses.
 //!
 //! **Semantics.** An index holds token sequences and, for every string `w` of length at most
@@ -16,26 +16,46 @@
 //! model. The per-request index (prompt + generated tokens) and the global index (past responses)
 //! each propose; the higher score wins, ties to the request's own index.
 //!
-//! **Structure, and why.** A depth-bounded suffix *trie* whose unique tails are compressed: a
-//! string that occurs exactly once is not materialized; its parent holds one *tail* node that
-//! names the occurrence `(sequence, start)` and stands for the whole count-1 chain below it (up
-//! to `max_depth` or the end of that sequence). Materialized nodes are found by one hash probe
-//! `(node, token) -> child` and enumerated through sibling links. Each sequence keeps the *active
-//! suffixes* still inside materialized nodes (at most `max_depth`); appending a token advances
-//! each of them by one probe and retires a suffix as soon as it creates its own tail, so text that
-//! repeats nothing costs about one probe per token, and a repeated string costs one node per
-//! (repeated substring, length). Counts stay exact at every node, so a proposal reads counts
-//! directly and the per-request match is the deepest active suffix (no search). The alternatives
-//! weighed: a suffix automaton is smaller on repetitive text but cannot forget (the global index
-//! must evict) and needs end-position counts propagated along suffix links (O(n) per token on
-//! periodic text); a fully path-compressed suffix tree (SuffixDecoding's) saves the materialized
-//! chains of repeated text but needs edge splits with pending counts and re-labelling of edges
-//! whose label points into an evicted sequence. The measured cost of this choice is memory on
-//! highly repetitive text (see benches/test_drafters.py and docs/api.md).
+//! **Structure, and why.** A depth-bounded suffix tree with full path compression, as in
+//! SuffixDecoding: a node is a *chain* of consecutive points (depths `lo..=hi`) that share one
+//! occurrence count, so nodes exist only where the tree branches or a count changes. A chain's
+//! labels are not stored: the node names a reference occurrence `(sequence, start)` that runs
+//! through the whole chain, and the label at depth `e` is that sequence's token `start + e - 1`.
+//! A *tail* is a count-1 chain whose end follows its own occurrence (up to `max_depth` or the
+//! end of that sequence). A node's children are found by scanning its sibling list, or, once
+//! it has had `WIDE_MIN` children, by one hash probe `(node, token) -> child`. Nodes are 28-byte
+//! structs in one arena (one cache line per node visited).
 //!
-//! **Cost.** Append: O(active) hash probes per token, active <= max_depth. Eviction of a
-//! sequence of n tokens: O(n * max_depth) probes. Propose: per-request match O(max_depth);
-//! global match O(max_depth^2) probes worst case; expansion O(budget * children log).
+//! An occurrence that ends (at the end of its sequence) makes the count drop right below it,
+//! so every occurrence ends at the end of a node or inside its own tail. The open sequence
+//! keeps its *active suffixes*, the occurrences that end at a node's end (at most
+//! `max_depth - 1`); appending token `t` extends each of them by one point below its node `u`:
+//! no child for `t` -> the suffix gets its own tail and retires; `u` has only that child and
+//! `count(u) = count(child) + 1` (the suffix was the only difference) -> `u` absorbs the point
+//! (the child's chain loses its first point, or merges into `u`); the child is a tail -> it
+//! becomes a counted one-point node with the tail hung below; a one-point child -> count + 1;
+//! otherwise the child is split after its first point. Following a repeat therefore moves node
+//! boundaries instead of creating nodes: repeated text costs about one node per branching
+//! point. Counts stay exact at every point, so proposals read counts directly and the
+//! per-request match is the deepest active suffix (no search). Appending to another sequence
+//! seals the open one; appending to a sealed one again re-derives its active suffixes.
+//!
+//! Eviction walks each occurrence of the removed sequence from the root, decrements the counts
+//! it passes, frees nodes that reach 0 and re-points a node whose reference occurrence was
+//! removed to its first child's. A node with no child left (its other occurrences all end at
+//! its end) keeps reading the removed sequence's tokens: that sequence's token array stays
+//! (counted by `memory_bytes`) until no node refers to it. Nodes are not re-merged on eviction.
+//! The alternatives weighed: a suffix automaton is smaller on repetitive text but cannot forget
+//! (the global index must evict) and needs end-position counts propagated along suffix links;
+//! the previous design here, a trie with only count-1 tails compressed, materialized one node
+//! per (repeated substring, length): 248 B per token on source code against ~59 B now.
+//!
+//! **Cost.** Append: O(active) steps per token, active < max_depth (~14 on average on stdlib
+//! source bytes), each a few node reads (a child lookup is a sibling scan or one hash probe);
+//! this per-active work, a cache miss or two per step on a large index, is what bounds the
+//! append rate on repetitive text. Eviction of a sequence of n tokens: O(n * max_depth).
+//! Propose: per-request match O(max_depth); global match O(max_depth^2) steps worst case;
+//! expansion O(budget * children log).
 
 use std::cmp::Ordering;
 use std::collections::hash_map::Entry;
@@ -88,6 +108,15 @@ impl Hasher for KeyHasher {
 /// `(node, token) -> child` of wide nodes: 12-byte slots (a `u64` key would pad them to 16).
 type Lookup = HashMap<(u32, u32), u32, BuildHasherDefault<KeyHasher>>;
 
+/// Makes room for `extra` more elements, growing by a quarter rather than doubling (memory is
+/// counted by capacity; the copies stay amortized O(1)).
+#[inline]
+fn reserve<T>(v: &mut Vec<T>, extra: usize) {
+    if v.capacity() - v.len() < extra {
+        v.reserve_exact(extra.max(v.len() / 4).max(16));
+    }
+}
+
 #[inline]
 fn key(node: u32, token: u32) -> (u32, u32) {
     (node, token)
@@ -112,26 +141,34 @@ struct Locus {
     depth: u32,
 }
 
+/// One node: a chain of points (depths `lo..=hi`) sharing one count, 28 bytes in one place
+/// (one cache line touched per node visited).
+#[derive(Debug, Clone, Copy)]
+struct Node {
+    /// Occurrence count shared by every point of the chain (1 for a tail; the root's is the
+    /// number of indexed tokens).
+    count: u32,
+    /// Label of the chain's first point.
+    token: u32,
+    /// First child (`NIL`: none; a tail has none).
+    first_child: u32,
+    next_sib: u32,
+    /// A reference occurrence `(sequence, start)` through the whole chain: the label of the
+    /// point at depth `e` is `tokens(rseq)[rpos + e - 1]`. A tail's is its own occurrence.
+    rseq: u32,
+    rpos: u32,
+    /// Depth of the first point | `TAIL`.
+    lo: u16,
+    /// Depth of the last point (tails: unused, the end follows the occurrence) | `WIDE`.
+    hi: u16,
+}
+
 /// One path-compressed, depth-bounded suffix tree over a set of token sequences.
 #[derive(Debug, Clone)]
 pub struct SuffixIndex {
     max_depth: u32,
-    /// Occurrence count shared by every point of the node's chain (1 for a tail; the root's
-    /// is the number of indexed tokens).
-    count: Vec<u32>,
-    /// Label of the node's first point.
-    token: Vec<u32>,
-    /// First child (`NIL`: none; a tail has none).
-    first_child: Vec<u32>,
-    next_sib: Vec<u32>,
-    /// A reference occurrence `(sequence, start)` through the whole chain: the label of the
-    /// point at depth `e` is `tokens(rseq)[rpos + e - 1]`. A tail's is its own occurrence.
-    rseq: Vec<u32>,
-    rpos: Vec<u32>,
-    /// Depth of the first point | `TAIL`.
-    lo: Vec<u16>,
-    /// Depth of the last point (tails: unused, the end follows the occurrence) | `WIDE`.
-    hi: Vec<u16>,
+    /// The arena (index 0: the root).
+    nodes: Vec<Node>,
     lookup: Lookup,
     free_nodes: Vec<u32>,
     seqs: Vec<Option<Seq>>,
@@ -236,14 +273,16 @@ impl SuffixIndex {
         }
         Ok(SuffixIndex {
             max_depth: max_depth as u32,
-            count: vec![0],
-            token: vec![NIL],
-            first_child: vec![NIL],
-            next_sib: vec![NIL],
-            rseq: vec![NIL],
-            rpos: vec![0],
-            lo: vec![0],
-            hi: vec![0],
+            nodes: vec![Node {
+                count: 0,
+                token: NIL,
+                first_child: NIL,
+                next_sib: NIL,
+                rseq: NIL,
+                rpos: 0,
+                lo: 0,
+                hi: 0,
+            }],
             lookup: Lookup::default(),
             free_nodes: Vec::new(),
             seqs: Vec::new(),
@@ -264,14 +303,13 @@ impl SuffixIndex {
 
     /// Live tree nodes (root included).
     pub fn num_nodes(&self) -> usize {
-        self.count.len() - self.free_nodes.len()
+        self.nodes.len() - self.free_nodes.len()
     }
 
     /// Heap bytes held (arena, hash table, sequences), by capacity.
     pub fn memory_bytes(&self) -> usize {
-        let arena = self.count.capacity() * 4 * 6
-            + self.lo.capacity() * 2 * 2
-            + self.free_nodes.capacity() * 4;
+        let arena =
+            self.nodes.capacity() * std::mem::size_of::<Node>() + self.free_nodes.capacity() * 4;
         // hashbrown: a power-of-two bucket count, at most 7/8 full; a 12-byte slot and one
         // control byte per bucket.
         let cap = self.lookup.capacity();
@@ -314,25 +352,25 @@ impl SuffixIndex {
 
     #[inline]
     fn is_tail(&self, v: u32) -> bool {
-        self.lo[v as usize] & TAIL != 0
+        self.nodes[v as usize].lo & TAIL != 0
     }
 
     #[inline]
     fn is_wide(&self, v: u32) -> bool {
-        self.hi[v as usize] & WIDE != 0
+        self.nodes[v as usize].hi & WIDE != 0
     }
 
     /// Depth of the node's last point.
     #[inline]
     fn end(&self, v: u32) -> u32 {
         let i = v as usize;
-        if self.lo[i] & TAIL != 0 {
-            let len = self.seq_tokens(self.rseq[i]).len() as u32;
-            let e = self.max_depth.min(len - self.rpos[i]);
-            debug_assert!((self.lo[i] & DEPTH) as u32 <= e, "empty tail {v}");
+        if self.nodes[i].lo & TAIL != 0 {
+            let len = self.seq_tokens(self.nodes[i].rseq).len() as u32;
+            let e = self.max_depth.min(len - self.nodes[i].rpos);
+            debug_assert!((self.nodes[i].lo & DEPTH) as u32 <= e, "empty tail {v}");
             e
         } else {
-            (self.hi[i] & DEPTH) as u32
+            (self.nodes[i].hi & DEPTH) as u32
         }
     }
 
@@ -340,13 +378,13 @@ impl SuffixIndex {
     #[inline]
     fn label(&self, v: u32, e: u32) -> u32 {
         let i = v as usize;
-        self.seq_tokens(self.rseq[i])[(self.rpos[i] + e - 1) as usize]
+        self.seq_tokens(self.nodes[i].rseq)[(self.nodes[i].rpos + e - 1) as usize]
     }
 
     /// Occurrence count of any node (1 for a tail).
     #[inline]
     fn node_count(&self, node: u32) -> u32 {
-        self.count[node as usize]
+        self.nodes[node as usize].count
     }
 
     /// Child of `u` whose first label is `t`, and (when `u` is narrow) how many children
@@ -356,14 +394,14 @@ impl SuffixIndex {
         if self.is_wide(u) {
             return (self.lookup.get(&key(u, t)).copied(), 0);
         }
-        let mut c = self.first_child[u as usize];
+        let mut c = self.nodes[u as usize].first_child;
         let mut n = 0;
         while c != NIL {
-            if self.token[c as usize] == t {
+            if self.nodes[c as usize].token == t {
                 return (Some(c), n);
             }
             n += 1;
-            c = self.next_sib[c as usize];
+            c = self.nodes[c as usize].next_sib;
         }
         (None, n)
     }
@@ -380,29 +418,25 @@ impl SuffixIndex {
         hi: u16,
     ) -> u32 {
         self.acquire_ref(rs.0);
+        let node = Node {
+            count,
+            token,
+            first_child,
+            next_sib: NIL,
+            rseq: rs.0,
+            rpos: rs.1,
+            lo,
+            hi,
+        };
         match self.free_nodes.pop() {
             Some(id) => {
-                let i = id as usize;
-                self.count[i] = count;
-                self.token[i] = token;
-                self.first_child[i] = first_child;
-                self.next_sib[i] = NIL;
-                self.rseq[i] = rs.0;
-                self.rpos[i] = rs.1;
-                self.lo[i] = lo;
-                self.hi[i] = hi;
+                self.nodes[id as usize] = node;
                 id
             }
             None => {
-                self.count.push(count);
-                self.token.push(token);
-                self.first_child.push(first_child);
-                self.next_sib.push(NIL);
-                self.rseq.push(rs.0);
-                self.rpos.push(rs.1);
-                self.lo.push(lo);
-                self.hi.push(hi);
-                (self.count.len() - 1) as u32
+                reserve(&mut self.nodes, 1);
+                self.nodes.push(node);
+                (self.nodes.len() - 1) as u32
             }
         }
     }
@@ -436,28 +470,28 @@ impl SuffixIndex {
     fn free_node(&mut self, v: u32, release: bool) {
         let i = v as usize;
         if release {
-            self.release_ref(self.rseq[i]);
+            self.release_ref(self.nodes[i].rseq);
         }
-        self.count[i] = 0;
-        self.first_child[i] = NIL;
-        self.lo[i] = 0;
-        self.hi[i] = 0;
+        self.nodes[i].count = 0;
+        self.nodes[i].first_child = NIL;
+        self.nodes[i].lo = 0;
+        self.nodes[i].hi = 0;
         self.free_nodes.push(v);
     }
 
     /// Links `v` as a child of `u`, which had `kids` children (exact when `u` is narrow).
     fn link_child(&mut self, u: u32, v: u32, kids: usize) {
         let ui = u as usize;
-        self.next_sib[v as usize] = self.first_child[ui];
-        self.first_child[ui] = v;
+        self.nodes[v as usize].next_sib = self.nodes[ui].first_child;
+        self.nodes[ui].first_child = v;
         if self.is_wide(u) {
-            self.lookup.insert(key(u, self.token[v as usize]), v);
+            self.lookup.insert(key(u, self.nodes[v as usize].token), v);
         } else if kids + 1 >= WIDE_MIN {
-            self.hi[ui] |= WIDE;
+            self.nodes[ui].hi |= WIDE;
             let mut c = v;
             while c != NIL {
-                self.lookup.insert(key(u, self.token[c as usize]), c);
-                c = self.next_sib[c as usize];
+                self.lookup.insert(key(u, self.nodes[c as usize].token), c);
+                c = self.nodes[c as usize].next_sib;
             }
         }
     }
@@ -466,17 +500,17 @@ impl SuffixIndex {
     fn unlink_child(&mut self, u: u32, v: u32) {
         let i = v as usize;
         if self.is_wide(u) {
-            self.lookup.remove(&key(u, self.token[i]));
+            self.lookup.remove(&key(u, self.nodes[i].token));
         }
-        let next = self.next_sib[i];
-        let mut c = self.first_child[u as usize];
+        let next = self.nodes[i].next_sib;
+        let mut c = self.nodes[u as usize].first_child;
         if c == v {
-            self.first_child[u as usize] = next;
+            self.nodes[u as usize].first_child = next;
         } else {
-            while self.next_sib[c as usize] != v {
-                c = self.next_sib[c as usize];
+            while self.nodes[c as usize].next_sib != v {
+                c = self.nodes[c as usize].next_sib;
             }
-            self.next_sib[c as usize] = next;
+            self.nodes[c as usize].next_sib = next;
         }
     }
 
@@ -485,20 +519,20 @@ impl SuffixIndex {
     fn relabel(&mut self, u: u32, v: u32, t: u32) {
         let i = v as usize;
         if self.is_wide(u) {
-            self.lookup.remove(&key(u, self.token[i]));
+            self.lookup.remove(&key(u, self.nodes[i].token));
             self.lookup.insert(key(u, t), v);
         }
-        self.token[i] = t;
+        self.nodes[i].token = t;
     }
 
     /// The children of wide node `from` now hang under `to`: re-key them.
     fn rekey_children(&mut self, from: u32, to: u32) {
-        let mut c = self.first_child[to as usize];
+        let mut c = self.nodes[to as usize].first_child;
         while c != NIL {
-            let t = self.token[c as usize];
+            let t = self.nodes[c as usize].token;
             self.lookup.remove(&key(from, t));
             self.lookup.insert(key(to, t), c);
-            c = self.next_sib[c as usize];
+            c = self.nodes[c as usize].next_sib;
         }
     }
 
@@ -518,7 +552,9 @@ impl SuffixIndex {
             self.open = Some(seq);
         }
         let s = seq as usize;
-        let mut active = std::mem::take(&mut self.seqs[s].as_mut().expect("live sequence").active);
+        let sq = self.seqs[s].as_mut().expect("live sequence");
+        reserve(&mut sq.tokens, tokens.len());
+        let mut active = std::mem::take(&mut sq.active);
         let maxd = self.max_depth;
         for &t in tokens {
             let n = {
@@ -527,7 +563,7 @@ impl SuffixIndex {
                 (sq.tokens.len() - 1) as u32
             };
             self.num_tokens += 1;
-            self.count[ROOT as usize] += 1;
+            self.nodes[ROOT as usize].count += 1;
             active.push((n, ROOT));
             let mut kept = 0;
             for r in 0..active.len() {
@@ -543,42 +579,42 @@ impl SuffixIndex {
                 };
                 let (ui, vi) = (u as usize, v as usize);
                 let at = if u != ROOT
-                    && self.first_child[ui] == v
-                    && self.next_sib[vi] == NIL
-                    && self.count[ui] == self.count[vi] + 1
+                    && self.nodes[ui].first_child == v
+                    && self.nodes[vi].next_sib == NIL
+                    && self.nodes[ui].count == self.nodes[vi].count + 1
                 {
                     // u's count differs from its only child's by j alone: u absorbs the point
                     // and reads its labels from j (u's reference may be a removed occurrence
                     // that stops at u's end).
                     let v_end = self.end(v);
-                    if self.rseq[ui] != seq {
-                        self.release_ref(self.rseq[ui]);
-                        self.rseq[ui] = seq;
+                    if self.nodes[ui].rseq != seq {
+                        self.release_ref(self.nodes[ui].rseq);
+                        self.nodes[ui].rseq = seq;
                     }
-                    self.rpos[ui] = j;
+                    self.nodes[ui].rpos = j;
                     if v_end == d + 1 {
                         if self.is_wide(u) {
                             self.lookup.remove(&key(u, t));
                         }
                         if self.is_tail(v) {
-                            self.first_child[ui] = NIL;
-                            self.hi[ui] = (d + 1) as u16;
+                            self.nodes[ui].first_child = NIL;
+                            self.nodes[ui].hi = (d + 1) as u16;
                             self.free_node(v, true);
                         } else {
                             // Merge v into u.
-                            self.first_child[ui] = self.first_child[vi];
-                            self.hi[ui] = self.hi[vi];
+                            self.nodes[ui].first_child = self.nodes[vi].first_child;
+                            self.nodes[ui].hi = self.nodes[vi].hi;
                             if self.is_wide(v) {
                                 self.rekey_children(v, u);
                             }
-                            self.release_ref(self.rseq[ui]);
-                            self.rseq[ui] = self.rseq[vi];
-                            self.rpos[ui] = self.rpos[vi];
+                            self.release_ref(self.nodes[ui].rseq);
+                            self.nodes[ui].rseq = self.nodes[vi].rseq;
+                            self.nodes[ui].rpos = self.nodes[vi].rpos;
                             self.free_node(v, false);
                         }
                     } else {
-                        self.hi[ui] = (d + 1) as u16 | (self.hi[ui] & WIDE);
-                        self.lo[vi] = (d + 2) as u16 | (self.lo[vi] & TAIL);
+                        self.nodes[ui].hi = (d + 1) as u16 | (self.nodes[ui].hi & WIDE);
+                        self.nodes[vi].lo = (d + 2) as u16 | (self.nodes[vi].lo & TAIL);
                         let x = self.label(v, d + 2);
                         self.relabel(u, v, x);
                     }
@@ -586,30 +622,30 @@ impl SuffixIndex {
                 } else if self.is_tail(v) {
                     // A second occurrence: v becomes a counted point, the tail hangs below.
                     let tail_end = self.end(v);
-                    let rs = (self.rseq[vi], self.rpos[vi]);
-                    self.count[vi] = 2;
-                    self.lo[vi] = (d + 1) as u16;
-                    self.hi[vi] = (d + 1) as u16;
-                    self.first_child[vi] = NIL;
+                    let rs = (self.nodes[vi].rseq, self.nodes[vi].rpos);
+                    self.nodes[vi].count = 2;
+                    self.nodes[vi].lo = (d + 1) as u16;
+                    self.nodes[vi].hi = (d + 1) as u16;
+                    self.nodes[vi].first_child = NIL;
                     if d + 2 <= tail_end {
                         let x = self.label(v, d + 2);
                         self.new_tail(v, 0, rs, d + 2, x);
                     }
                     v
                 } else if self.end(v) == d + 1 {
-                    self.count[vi] += 1;
+                    self.nodes[vi].count += 1;
                     v
                 } else {
                     // Split: v keeps the point d + 1, a new node w the rest of the chain.
                     let x = self.label(v, d + 2);
-                    let rs = (self.rseq[vi], self.rpos[vi]);
+                    let rs = (self.nodes[vi].rseq, self.nodes[vi].rpos);
                     let w = self.alloc(
-                        self.count[vi],
+                        self.nodes[vi].count,
                         x,
-                        self.first_child[vi],
+                        self.nodes[vi].first_child,
                         rs,
                         (d + 2) as u16,
-                        self.hi[vi],
+                        self.nodes[vi].hi,
                     );
                     if self.is_wide(v) {
                         self.rekey_children(v, w);
@@ -623,9 +659,9 @@ impl SuffixIndex {
                             }
                         }
                     }
-                    self.hi[vi] = (d + 1) as u16;
-                    self.first_child[vi] = w;
-                    self.count[vi] += 1;
+                    self.nodes[vi].hi = (d + 1) as u16;
+                    self.nodes[vi].first_child = w;
+                    self.nodes[vi].count += 1;
                     v
                 };
                 if d + 1 < maxd {
@@ -689,7 +725,7 @@ impl SuffixIndex {
         let mut orphans: Vec<u32> = Vec::new();
         for j in 0..toks.len() {
             path.clear();
-            self.count[ROOT as usize] -= 1;
+            self.nodes[ROOT as usize].count -= 1;
             let len = toks.len().min(j + d) - j;
             let mut v = ROOT;
             let mut depth = 0;
@@ -700,34 +736,34 @@ impl SuffixIndex {
                     .expect("an indexed occurrence is in the tree");
                 if self.is_tail(c) {
                     debug_assert_eq!(
-                        (self.rseq[c as usize], self.rpos[c as usize]),
+                        (self.nodes[c as usize].rseq, self.nodes[c as usize].rpos),
                         (seq, j as u32)
                     );
                     self.unlink_child(v, c);
                     self.free_node(c, true);
                     break;
                 }
-                self.count[c as usize] -= 1;
+                self.nodes[c as usize].count -= 1;
                 path.push((v, c));
                 depth = self.end(c) as usize;
                 v = c;
             }
             for &(p, c) in path.iter().rev() {
                 let ci = c as usize;
-                if self.count[ci] == 0 {
-                    debug_assert_eq!(self.first_child[ci], NIL);
+                if self.nodes[ci].count == 0 {
+                    debug_assert_eq!(self.nodes[ci].first_child, NIL);
                     self.unlink_child(p, c);
                     self.free_node(c, true);
-                } else if self.rseq[ci] == seq {
+                } else if self.nodes[ci].rseq == seq {
                     // Borrow a child's occurrence (which may itself still be in `seq`, or be
                     // an orphan's): whatever still reads `seq` at the end is counted then.
                     orphans.push(c);
-                    let g = self.first_child[ci];
+                    let g = self.nodes[ci].first_child;
                     if g != NIL {
-                        let gs = self.rseq[g as usize];
+                        let gs = self.nodes[g as usize].rseq;
                         self.acquire_ref(gs);
-                        self.rseq[ci] = gs;
-                        self.rpos[ci] = self.rpos[g as usize];
+                        self.nodes[ci].rseq = gs;
+                        self.nodes[ci].rpos = self.nodes[g as usize].rpos;
                     }
                 }
             }
@@ -739,7 +775,9 @@ impl SuffixIndex {
             .iter()
             .filter(|&&c| {
                 let ci = c as usize;
-                self.count[ci] > 0 && self.lo[ci] & TAIL == 0 && self.rseq[ci] == seq
+                self.nodes[ci].count > 0
+                    && self.nodes[ci].lo & TAIL == 0
+                    && self.nodes[ci].rseq == seq
             })
             .count() as u32;
         if refs > 0 {
@@ -777,7 +815,7 @@ impl SuffixIndex {
 
     fn has_continuation(&self, l: Locus) -> bool {
         l.depth < self.end(l.node)
-            || (!self.is_tail(l.node) && self.first_child[l.node as usize] != NIL)
+            || (!self.is_tail(l.node) && self.nodes[l.node as usize].first_child != NIL)
     }
 
     /// Children of `l` with count >= `min_count`, as (count, token, locus), in (count
@@ -801,20 +839,20 @@ impl SuffixIndex {
         if self.is_tail(l.node) {
             return;
         }
-        let mut c = self.first_child[l.node as usize];
+        let mut c = self.nodes[l.node as usize].first_child;
         while c != NIL {
             let cnt = self.node_count(c);
             if cnt >= min_count {
                 out.push((
                     cnt,
-                    self.token[c as usize],
+                    self.nodes[c as usize].token,
                     Locus {
                         node: c,
                         depth: l.depth + 1,
                     },
                 ));
             }
-            c = self.next_sib[c as usize];
+            c = self.nodes[c as usize].next_sib;
         }
         out.sort_unstable_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
     }
@@ -1191,7 +1229,7 @@ mod tests {
         *x >> 33
     }
 
-    /// Every string reachable in the trie carries its brute-force count, for strings drawn
+    /// Every string reachable in the tree carries its brute-force count, for strings drawn
     /// from the sequences themselves, after appends and removals.
     #[test]
     fn counts_match_brute_force() {
@@ -1219,7 +1257,7 @@ mod tests {
             }
             let seqs: Vec<Vec<u32>> = live.iter().map(|(_, t)| t.clone()).collect();
             assert_eq!(
-                idx.count[0] as usize,
+                idx.nodes[0].count as usize,
                 seqs.iter().map(Vec::len).sum::<usize>()
             );
             for s in &seqs {
@@ -1354,11 +1392,11 @@ mod interleaved_tests {
                         live.push((s, toks));
                     }
                 }
-                for v in 1..idx.count.len() {
-                    if idx.count[v] > 0 && idx.seqs[idx.rseq[v] as usize].is_none() {
+                for v in 1..idx.nodes.len() {
+                    if idx.nodes[v].count > 0 && idx.seqs[idx.nodes[v].rseq as usize].is_none() {
                         panic!(
                             "round {round} node {v} refs freed {} ops {ops:?}",
-                            idx.rseq[v]
+                            idx.nodes[v].rseq
                         );
                     }
                 }
