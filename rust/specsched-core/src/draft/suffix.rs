@@ -1359,11 +1359,21 @@ mod interleaved_tests {
     #[test]
     fn interleaved_appends_and_removals() {
         let mut x = 7u64;
+        let mut wide_entries = 0;
         for round in 0..1500 {
             let depth = 1 + (rng(&mut x) % 7) as usize;
             let mut idx = SuffixIndex::new(depth as i64).unwrap();
             let mut live: Vec<(u32, Vec<u32>)> = Vec::new();
-            let alpha = 1 + rng(&mut x) % 3;
+            // Odd rounds: a wider, skewed alphabet and longer sequences, so that nodes get
+            // `WIDE_MIN` children and more (hash-indexed children).
+            let wide = round % 2 == 1;
+            let alpha = if wide {
+                10 + rng(&mut x) % 8
+            } else {
+                1 + rng(&mut x) % 3
+            };
+            let scale = if wide { 5 } else { 1 };
+            let draw = |x: &mut u64| (rng(x) % alpha).min(rng(x) % alpha) as u32;
             let mut ops = vec![format!("depth {depth}")];
             for _ in 0..10 {
                 match rng(&mut x) % 4 {
@@ -1375,18 +1385,16 @@ mod interleaved_tests {
                     }
                     1 | 2 if !live.is_empty() => {
                         let k = (rng(&mut x) as usize) % live.len();
-                        let len = rng(&mut x) % 6;
-                        let toks: Vec<u32> =
-                            (0..len).map(|_| (rng(&mut x) % alpha) as u32).collect();
+                        let len = rng(&mut x) % (6 * scale);
+                        let toks: Vec<u32> = (0..len).map(|_| draw(&mut x)).collect();
                         idx.append(live[k].0, &toks);
                         ops.push(format!("app {} {toks:?}", live[k].0));
                         live[k].1.extend(&toks);
                     }
                     _ => {
                         let s = idx.add_seq();
-                        let len = rng(&mut x) % 10;
-                        let toks: Vec<u32> =
-                            (0..len).map(|_| (rng(&mut x) % alpha) as u32).collect();
+                        let len = rng(&mut x) % (10 * scale);
+                        let toks: Vec<u32> = (0..len).map(|_| draw(&mut x)).collect();
                         idx.append(s, &toks);
                         ops.push(format!("new {s} {toks:?}"));
                         live.push((s, toks));
@@ -1400,6 +1408,7 @@ mod interleaved_tests {
                         );
                     }
                 }
+                wide_entries += idx.lookup.len();
                 let seqs: Vec<Vec<u32>> = live.iter().map(|(_, t)| t.clone()).collect();
                 assert!(counts_ok(&idx, &seqs, depth), "round {round} {ops:?}");
                 for (s, t) in &live {
@@ -1421,5 +1430,6 @@ mod interleaved_tests {
                 "round {round}: a dead sequence is kept"
             );
         }
+        assert!(wide_entries > 0, "no wide node was exercised");
     }
 }
