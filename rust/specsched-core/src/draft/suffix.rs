@@ -150,7 +150,7 @@ struct Node {
     count: u32,
     /// Label of the chain's first point.
     token: u32,
-    /// First child (`NIL`: none; a tail has none).
+    /// First child (`NIL`: none; a tail has none); a wide node's table id (`wide_heads`).
     first_child: u32,
     next_sib: u32,
     /// A reference occurrence `(sequence, start)` through the whole chain: the label of the
@@ -170,6 +170,10 @@ pub struct SuffixIndex {
     /// The arena (index 0: the root).
     nodes: Vec<Node>,
     lookup: Lookup,
+    /// First child of each wide node, by table id (a wide node's `first_child` holds its
+    /// table id, and `lookup` is keyed by it, so children move between nodes without re-keying).
+    wide_heads: Vec<u32>,
+    free_tids: Vec<u32>,
     free_nodes: Vec<u32>,
     seqs: Vec<Option<Seq>>,
     free_seqs: Vec<u32>,
@@ -284,6 +288,8 @@ impl SuffixIndex {
                 hi: 0,
             }],
             lookup: Lookup::default(),
+            wide_heads: Vec::new(),
+            free_tids: Vec::new(),
             free_nodes: Vec::new(),
             seqs: Vec::new(),
             free_seqs: Vec::new(),
@@ -308,8 +314,9 @@ impl SuffixIndex {
 
     /// Heap bytes held (arena, hash table, sequences), by capacity.
     pub fn memory_bytes(&self) -> usize {
-        let arena =
-            self.nodes.capacity() * std::mem::size_of::<Node>() + self.free_nodes.capacity() * 4;
+        let arena = self.nodes.capacity() * std::mem::size_of::<Node>()
+            + (self.free_nodes.capacity() + self.wide_heads.capacity() + self.free_tids.capacity())
+                * 4;
         // hashbrown: a power-of-two bucket count, at most 7/8 full; a 12-byte slot and one
         // control byte per bucket.
         let cap = self.lookup.capacity();
@@ -387,14 +394,46 @@ impl SuffixIndex {
         self.nodes[node as usize].count
     }
 
+    /// First child of `u` (`NIL`: none).
+    #[inline]
+    fn head(&self, u: u32) -> u32 {
+        let n = &self.nodes[u as usize];
+        if n.hi & WIDE != 0 {
+            self.wide_heads[n.first_child as usize]
+        } else {
+            n.first_child
+        }
+    }
+
+    #[inline]
+    fn set_head(&mut self, u: u32, h: u32) {
+        let n = &mut self.nodes[u as usize];
+        if n.hi & WIDE != 0 {
+            self.wide_heads[n.first_child as usize] = h;
+        } else {
+            n.first_child = h;
+        }
+    }
+
+    /// Wide node `u` has no child left: it becomes narrow (and childless).
+    fn drop_wide(&mut self, u: u32) {
+        let n = &mut self.nodes[u as usize];
+        if n.hi & WIDE != 0 {
+            self.free_tids.push(n.first_child);
+            n.hi &= !WIDE;
+            n.first_child = NIL;
+        }
+    }
+
     /// Child of `u` whose first label is `t`, and (when `u` is narrow) how many children
     /// were scanned.
     #[inline]
     fn find_child(&self, u: u32, t: u32) -> (Option<u32>, usize) {
+        let first = self.nodes[u as usize].first_child;
         if self.is_wide(u) {
-            return (self.lookup.get(&key(u, t)).copied(), 0);
+            return (self.lookup.get(&key(first, t)).copied(), 0);
         }
-        let mut c = self.nodes[u as usize].first_child;
+        let mut c = first;
         let mut n = 0;
         while c != NIL {
             if self.nodes[c as usize].token == t {
@@ -472,6 +511,7 @@ impl SuffixIndex {
         if release {
             self.release_ref(self.nodes[i].rseq);
         }
+        self.drop_wide(v);
         self.nodes[i].count = 0;
         self.nodes[i].first_child = NIL;
         self.nodes[i].lo = 0;
@@ -482,15 +522,29 @@ impl SuffixIndex {
     /// Links `v` as a child of `u`, which had `kids` children (exact when `u` is narrow).
     fn link_child(&mut self, u: u32, v: u32, kids: usize) {
         let ui = u as usize;
-        self.nodes[v as usize].next_sib = self.nodes[ui].first_child;
-        self.nodes[ui].first_child = v;
+        self.nodes[v as usize].next_sib = self.head(u);
+        self.set_head(u, v);
         if self.is_wide(u) {
-            self.lookup.insert(key(u, self.nodes[v as usize].token), v);
+            let tid = self.nodes[ui].first_child;
+            self.lookup
+                .insert(key(tid, self.nodes[v as usize].token), v);
         } else if kids + 1 >= WIDE_MIN {
+            let tid = match self.free_tids.pop() {
+                Some(tid) => {
+                    self.wide_heads[tid as usize] = v;
+                    tid
+                }
+                None => {
+                    self.wide_heads.push(v);
+                    (self.wide_heads.len() - 1) as u32
+                }
+            };
+            self.nodes[ui].first_child = tid;
             self.nodes[ui].hi |= WIDE;
             let mut c = v;
             while c != NIL {
-                self.lookup.insert(key(u, self.nodes[c as usize].token), c);
+                self.lookup
+                    .insert(key(tid, self.nodes[c as usize].token), c);
                 c = self.nodes[c as usize].next_sib;
             }
         }
@@ -500,12 +554,16 @@ impl SuffixIndex {
     fn unlink_child(&mut self, u: u32, v: u32) {
         let i = v as usize;
         if self.is_wide(u) {
-            self.lookup.remove(&key(u, self.nodes[i].token));
+            let tid = self.nodes[u as usize].first_child;
+            self.lookup.remove(&key(tid, self.nodes[i].token));
         }
         let next = self.nodes[i].next_sib;
-        let mut c = self.nodes[u as usize].first_child;
+        let mut c = self.head(u);
         if c == v {
-            self.nodes[u as usize].first_child = next;
+            self.set_head(u, next);
+            if next == NIL {
+                self.drop_wide(u);
+            }
         } else {
             while self.nodes[c as usize].next_sib != v {
                 c = self.nodes[c as usize].next_sib;
@@ -519,21 +577,11 @@ impl SuffixIndex {
     fn relabel(&mut self, u: u32, v: u32, t: u32) {
         let i = v as usize;
         if self.is_wide(u) {
-            self.lookup.remove(&key(u, self.nodes[i].token));
-            self.lookup.insert(key(u, t), v);
+            let tid = self.nodes[u as usize].first_child;
+            self.lookup.remove(&key(tid, self.nodes[i].token));
+            self.lookup.insert(key(tid, t), v);
         }
         self.nodes[i].token = t;
-    }
-
-    /// The children of wide node `from` now hang under `to`: re-key them.
-    fn rekey_children(&mut self, from: u32, to: u32) {
-        let mut c = self.nodes[to as usize].first_child;
-        while c != NIL {
-            let t = self.nodes[c as usize].token;
-            self.lookup.remove(&key(from, t));
-            self.lookup.insert(key(to, t), c);
-            c = self.nodes[c as usize].next_sib;
-        }
     }
 
     /// Tail node for occurrence `(seq, j)` starting at depth `start` under `u`.
@@ -579,7 +627,7 @@ impl SuffixIndex {
                 };
                 let (ui, vi) = (u as usize, v as usize);
                 let at = if u != ROOT
-                    && self.nodes[ui].first_child == v
+                    && self.head(u) == v
                     && self.nodes[vi].next_sib == NIL
                     && self.nodes[ui].count == self.nodes[vi].count + 1
                 {
@@ -594,22 +642,22 @@ impl SuffixIndex {
                     self.nodes[ui].rpos = j;
                     if v_end == d + 1 {
                         if self.is_wide(u) {
-                            self.lookup.remove(&key(u, t));
+                            let tid = self.nodes[ui].first_child;
+                            self.lookup.remove(&key(tid, t));
+                            self.drop_wide(u);
                         }
                         if self.is_tail(v) {
                             self.nodes[ui].first_child = NIL;
                             self.nodes[ui].hi = (d + 1) as u16;
                             self.free_node(v, true);
                         } else {
-                            // Merge v into u.
+                            // Merge v into u: u takes v's children (and table id) as they are.
                             self.nodes[ui].first_child = self.nodes[vi].first_child;
                             self.nodes[ui].hi = self.nodes[vi].hi;
-                            if self.is_wide(v) {
-                                self.rekey_children(v, u);
-                            }
                             self.release_ref(self.nodes[ui].rseq);
                             self.nodes[ui].rseq = self.nodes[vi].rseq;
                             self.nodes[ui].rpos = self.nodes[vi].rpos;
+                            self.nodes[vi].hi = 0;
                             self.free_node(v, false);
                         }
                     } else {
@@ -647,9 +695,6 @@ impl SuffixIndex {
                         (d + 2) as u16,
                         self.nodes[vi].hi,
                     );
-                    if self.is_wide(v) {
-                        self.rekey_children(v, w);
-                    }
                     // An occurrence already extended this token may end at v's end: it now
                     // ends at w's.
                     if let Some(jj) = (n + 1).checked_sub(self.end(v)) {
@@ -751,14 +796,14 @@ impl SuffixIndex {
             for &(p, c) in path.iter().rev() {
                 let ci = c as usize;
                 if self.nodes[ci].count == 0 {
-                    debug_assert_eq!(self.nodes[ci].first_child, NIL);
+                    debug_assert_eq!(self.head(c), NIL);
                     self.unlink_child(p, c);
                     self.free_node(c, true);
                 } else if self.nodes[ci].rseq == seq {
                     // Borrow a child's occurrence (which may itself still be in `seq`, or be
                     // an orphan's): whatever still reads `seq` at the end is counted then.
                     orphans.push(c);
-                    let g = self.nodes[ci].first_child;
+                    let g = self.head(c);
                     if g != NIL {
                         let gs = self.nodes[g as usize].rseq;
                         self.acquire_ref(gs);
@@ -814,8 +859,7 @@ impl SuffixIndex {
     }
 
     fn has_continuation(&self, l: Locus) -> bool {
-        l.depth < self.end(l.node)
-            || (!self.is_tail(l.node) && self.nodes[l.node as usize].first_child != NIL)
+        l.depth < self.end(l.node) || (!self.is_tail(l.node) && self.head(l.node) != NIL)
     }
 
     /// Children of `l` with count >= `min_count`, as (count, token, locus), in (count
@@ -839,7 +883,7 @@ impl SuffixIndex {
         if self.is_tail(l.node) {
             return;
         }
-        let mut c = self.nodes[l.node as usize].first_child;
+        let mut c = self.head(l.node);
         while c != NIL {
             let cnt = self.node_count(c);
             if cnt >= min_count {
