@@ -445,6 +445,34 @@ impl SuffixIndex {
         (None, n)
     }
 
+    /// `find_child` for appends: a child found by scanning moves to the front of the sibling
+    /// list, so the continuations followed most are found first (the order of siblings means
+    /// nothing else: `children` sorts).
+    #[inline]
+    fn find_child_mtf(&mut self, u: u32, t: u32) -> (Option<u32>, usize) {
+        let first = self.nodes[u as usize].first_child;
+        if self.is_wide(u) {
+            return (self.lookup.get(&key(first, t)).copied(), 0);
+        }
+        let mut prev = NIL;
+        let mut c = first;
+        let mut n = 0;
+        while c != NIL {
+            if self.nodes[c as usize].token == t {
+                if prev != NIL {
+                    self.nodes[prev as usize].next_sib = self.nodes[c as usize].next_sib;
+                    self.nodes[c as usize].next_sib = first;
+                    self.nodes[u as usize].first_child = c;
+                }
+                return (Some(c), n);
+            }
+            n += 1;
+            prev = c;
+            c = self.nodes[c as usize].next_sib;
+        }
+        (None, n)
+    }
+
     /// Allocates a node (not linked anywhere).
     #[allow(clippy::too_many_arguments)]
     fn alloc(
@@ -619,7 +647,7 @@ impl SuffixIndex {
                 // u ends at depth d; the occurrence j now reaches depth d + 1, labelled t.
                 let d = n - j;
                 debug_assert_eq!(self.end(u), d);
-                let (found, kids) = self.find_child(u, t);
+                let (found, kids) = self.find_child_mtf(u, t);
                 let Some(v) = found else {
                     // First occurrence of this string: j's own tail; j retires.
                     self.new_tail(u, kids, (seq, j), d + 1, t);
