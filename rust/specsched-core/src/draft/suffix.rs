@@ -60,7 +60,6 @@
 use std::cmp::Ordering;
 use std::collections::hash_map::Entry;
 use std::collections::{BinaryHeap, HashMap, VecDeque};
-use std::hash::{BuildHasherDefault, Hasher};
 
 use rayon::prelude::*;
 
@@ -80,33 +79,19 @@ const WIDE_MIN: usize = 8;
 /// Largest `max_depth` accepted.
 pub const MAX_DEPTH_LIMIT: i64 = 4096;
 
-/// A multiplicative hasher for the `(node, token)` keys: the keys are not adversarial (token
-/// ids and arena indices), and SipHash would dominate the append cost. The two `u32` writes
-/// are packed into one word, mixed once in `finish`.
-#[derive(Default, Clone, Copy)]
-pub struct KeyHasher(u64);
-
-impl Hasher for KeyHasher {
-    #[inline]
-    fn finish(&self) -> u64 {
-        let mut h = self.0.wrapping_mul(0x9E37_79B9_7F4A_7C15);
-        h ^= h >> 29;
-        h = h.wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        h ^ (h >> 32)
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.write_u32(b as u32);
-        }
-    }
-    #[inline]
-    fn write_u32(&mut self, x: u32) {
-        self.0 = self.0.rotate_left(32) ^ x as u64;
-    }
+/// Hash of a `(table id, token)` key: a multiplicative mix (the keys are not adversarial:
+/// token ids and arena indices; SipHash would dominate the append cost).
+#[inline]
+fn hkey(tid: u32, token: u32) -> u64 {
+    let mut h = ((tid as u64) << 32 | token as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    h ^= h >> 29;
+    h = h.wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    h ^ (h >> 32)
 }
 
-/// `(node, token) -> child` of wide nodes: 12-byte slots (a `u64` key would pad them to 16).
-type Lookup = HashMap<(u32, u32), u32, BuildHasherDefault<KeyHasher>>;
+/// Children of wide nodes: `(table id << 32) | child` in 8-byte slots; the key's token is the
+/// child's own `token`, so it is not stored (the control byte's hash tag filters probes).
+type Lookup = hashbrown::HashTable<u64>;
 
 /// Makes room for `extra` more elements, growing by a quarter rather than doubling (memory is
 /// counted by capacity; the copies stay amortized O(1)).
@@ -115,11 +100,6 @@ fn reserve<T>(v: &mut Vec<T>, extra: usize) {
     if v.capacity() - v.len() < extra {
         v.reserve_exact(extra.max(v.len() / 4).max(16));
     }
-}
-
-#[inline]
-fn key(node: u32, token: u32) -> (u32, u32) {
-    (node, token)
 }
 
 #[derive(Debug, Default, Clone)]
@@ -287,7 +267,7 @@ impl SuffixIndex {
                 lo: 0,
                 hi: 0,
             }],
-            lookup: Lookup::default(),
+            lookup: Lookup::new(),
             wide_heads: Vec::new(),
             free_tids: Vec::new(),
             free_nodes: Vec::new(),
@@ -317,7 +297,7 @@ impl SuffixIndex {
         let arena = self.nodes.capacity() * std::mem::size_of::<Node>()
             + (self.free_nodes.capacity() + self.wide_heads.capacity() + self.free_tids.capacity())
                 * 4;
-        // hashbrown: a power-of-two bucket count, at most 7/8 full; a 12-byte slot and one
+        // hashbrown: a power-of-two bucket count, at most 7/8 full; an 8-byte slot and one
         // control byte per bucket.
         let cap = self.lookup.capacity();
         let buckets = if cap == 0 {
@@ -325,7 +305,7 @@ impl SuffixIndex {
         } else {
             (cap * 8 / 7).next_power_of_two()
         };
-        let table = buckets * 13;
+        let table = buckets * 9;
         let seqs: usize = self
             .seqs
             .iter()
@@ -394,6 +374,39 @@ impl SuffixIndex {
         self.nodes[node as usize].count
     }
 
+    /// Child with first label `t` in wide table `tid`.
+    #[inline]
+    fn wget(&self, tid: u32, t: u32) -> Option<u32> {
+        let nodes = &self.nodes;
+        self.lookup
+            .find(hkey(tid, t), |&e| {
+                (e >> 32) as u32 == tid && nodes[(e as u32) as usize].token == t
+            })
+            .map(|&e| e as u32)
+    }
+
+    /// Indexes child `c` (its `token` set) in wide table `tid`.
+    #[inline]
+    fn winsert(&mut self, tid: u32, c: u32) {
+        let nodes = &self.nodes;
+        let h = hkey(tid, nodes[c as usize].token);
+        self.lookup
+            .insert_unique(h, (tid as u64) << 32 | c as u64, |&e| {
+                hkey((e >> 32) as u32, nodes[(e as u32) as usize].token)
+            });
+    }
+
+    /// Drops the child with first label `t` (still its `token`) from wide table `tid`.
+    #[inline]
+    fn wremove(&mut self, tid: u32, t: u32) {
+        let nodes = &self.nodes;
+        if let Ok(e) = self.lookup.find_entry(hkey(tid, t), |&e| {
+            (e >> 32) as u32 == tid && nodes[(e as u32) as usize].token == t
+        }) {
+            e.remove();
+        }
+    }
+
     /// First child of `u` (`NIL`: none).
     #[inline]
     fn head(&self, u: u32) -> u32 {
@@ -431,7 +444,7 @@ impl SuffixIndex {
     fn find_child(&self, u: u32, t: u32) -> (Option<u32>, usize) {
         let first = self.nodes[u as usize].first_child;
         if self.is_wide(u) {
-            return (self.lookup.get(&key(first, t)).copied(), 0);
+            return (self.wget(first, t), 0);
         }
         let mut c = first;
         let mut n = 0;
@@ -452,7 +465,7 @@ impl SuffixIndex {
     fn find_child_mtf(&mut self, u: u32, t: u32) -> (Option<u32>, usize) {
         let first = self.nodes[u as usize].first_child;
         if self.is_wide(u) {
-            return (self.lookup.get(&key(first, t)).copied(), 0);
+            return (self.wget(first, t), 0);
         }
         let mut prev = NIL;
         let mut c = first;
@@ -554,8 +567,7 @@ impl SuffixIndex {
         self.set_head(u, v);
         if self.is_wide(u) {
             let tid = self.nodes[ui].first_child;
-            self.lookup
-                .insert(key(tid, self.nodes[v as usize].token), v);
+            self.winsert(tid, v);
         } else if kids + 1 >= WIDE_MIN {
             let tid = match self.free_tids.pop() {
                 Some(tid) => {
@@ -571,8 +583,7 @@ impl SuffixIndex {
             self.nodes[ui].hi |= WIDE;
             let mut c = v;
             while c != NIL {
-                self.lookup
-                    .insert(key(tid, self.nodes[c as usize].token), c);
+                self.winsert(tid, c);
                 c = self.nodes[c as usize].next_sib;
             }
         }
@@ -583,7 +594,7 @@ impl SuffixIndex {
         let i = v as usize;
         if self.is_wide(u) {
             let tid = self.nodes[u as usize].first_child;
-            self.lookup.remove(&key(tid, self.nodes[i].token));
+            self.wremove(tid, self.nodes[i].token);
         }
         let next = self.nodes[i].next_sib;
         let mut c = self.head(u);
@@ -606,8 +617,9 @@ impl SuffixIndex {
         let i = v as usize;
         if self.is_wide(u) {
             let tid = self.nodes[u as usize].first_child;
-            self.lookup.remove(&key(tid, self.nodes[i].token));
-            self.lookup.insert(key(tid, t), v);
+            self.wremove(tid, self.nodes[i].token);
+            self.nodes[i].token = t;
+            self.winsert(tid, v);
         }
         self.nodes[i].token = t;
     }
@@ -671,7 +683,7 @@ impl SuffixIndex {
                     if v_end == d + 1 {
                         if self.is_wide(u) {
                             let tid = self.nodes[ui].first_child;
-                            self.lookup.remove(&key(tid, t));
+                            self.wremove(tid, t);
                             self.drop_wide(u);
                         }
                         if self.is_tail(v) {
