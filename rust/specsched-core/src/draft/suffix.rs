@@ -1077,8 +1077,8 @@ pub struct SuffixDrafter {
     cached: HashMap<i64, u32>,
 }
 
-/// Positions are `u32` and counts share their word with the tail flag: an index holds at most
-/// `2^31 - 1` tokens. (Node ids are `u32` too; 2^32 nodes take over 100 GB.)
+/// Positions and counts are `u32`, and a request context stays within `2^31 - 1` tokens (the
+/// documented limit). (Node ids are `u32` too; 2^32 nodes take over 100 GB.)
 const MAX_SEQ_TOKENS: usize = (u32::MAX / 2) as usize;
 
 fn check_len(n: usize) -> Result<()> {
