@@ -1,9 +1,9 @@
 //! Model-free tree drafters: proposals computed from tokens already seen, no draft model.
 //!
 //! - [`ngram`]: vLLM's prompt-lookup proposer (a chain), the baseline every user knows.
-//! - [`suffix`]: a SuffixDecoding-class drafter: depth-bounded suffix tries with occurrence
-//!   counts over each request's context and over past responses, proposing count-weighted
-//!   trees best-first.
+//! - [`suffix`]: a SuffixDecoding-class drafter: depth-bounded, path-compressed suffix trees
+//!   with occurrence counts over each request's context and over past responses, proposing
+//!   count-weighted trees best-first.
 //!
 //! Token ids are integers in `0..=MAX_TOKEN_ID`; they are stored as `u32` internally.
 

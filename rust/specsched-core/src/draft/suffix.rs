@@ -1,4 +1,4 @@
-//! SuffixDecoding-class tree drafter: count-weighted suffix tries over each request's context
+//! SuffixDecoding-class tree drafter: count-weighted suffix trees over each request's context
 //! and over past responses.
 //!
 //! **Semantics.** An index holds token sequences and, for every string `w` of length at most
@@ -16,31 +16,50 @@
 //! model. The per-request index (prompt + generated tokens) and the global index (past responses)
 //! each propose; the higher score wins, ties to the request's own index.
 //!
-//! **Structure, and why.** A depth-bounded suffix *trie* whose unique tails are compressed: a
-//! string that occurs exactly once is not materialized; its parent holds one *tail* node that
-//! names the occurrence `(sequence, start)` and stands for the whole count-1 chain below it (up
-//! to `max_depth` or the end of that sequence). Materialized nodes are found by one hash probe
-//! `(node, token) -> child` and enumerated through sibling links. Each sequence keeps the *active
-//! suffixes* still inside materialized nodes (at most `max_depth`); appending a token advances
-//! each of them by one probe and retires a suffix as soon as it creates its own tail, so text that
-//! repeats nothing costs about one probe per token, and a repeated string costs one node per
-//! (repeated substring, length). Counts stay exact at every node, so a proposal reads counts
-//! directly and the per-request match is the deepest active suffix (no search). The alternatives
-//! weighed: a suffix automaton is smaller on repetitive text but cannot forget (the global index
-//! must evict) and needs end-position counts propagated along suffix links (O(n) per token on
-//! periodic text); a fully path-compressed suffix tree (SuffixDecoding's) saves the materialized
-//! chains of repeated text but needs edge splits with pending counts and re-labelling of edges
-//! whose label points into an evicted sequence. The measured cost of this choice is memory on
-//! highly repetitive text (see benches/test_drafters.py and docs/api.md).
+//! **Structure, and why.** A depth-bounded suffix tree with full path compression, as in
+//! SuffixDecoding: a node is a *chain* of consecutive points (depths `lo..=hi`) that share one
+//! occurrence count, so nodes exist only where the tree branches or a count changes. A chain's
+//! labels are not stored: the node names a reference occurrence `(sequence, start)` that runs
+//! through the whole chain, and the label at depth `e` is that sequence's token `start + e - 1`.
+//! A *tail* is a count-1 chain whose end follows its own occurrence (up to `max_depth` or the
+//! end of that sequence). A node's children are found by scanning its sibling list, or, once
+//! it has had `WIDE_MIN` children, by one hash probe `(node, token) -> child`. Nodes are 28-byte
+//! structs in one arena (one cache line per node visited).
 //!
-//! **Cost.** Append: O(active) hash probes per token, active <= max_depth. Eviction of a
-//! sequence of n tokens: O(n * max_depth) probes. Propose: per-request match O(max_depth);
-//! global match O(max_depth^2) probes worst case; expansion O(budget * children log).
+//! An occurrence that ends (at the end of its sequence) makes the count drop right below it,
+//! so every occurrence ends at the end of a node or inside its own tail. The open sequence
+//! keeps its *active suffixes*, the occurrences that end at a node's end (at most
+//! `max_depth - 1`); appending token `t` extends each of them by one point below its node `u`:
+//! no child for `t` -> the suffix gets its own tail and retires; `u` has only that child and
+//! `count(u) = count(child) + 1` (the suffix was the only difference) -> `u` absorbs the point
+//! (the child's chain loses its first point, or merges into `u`); the child is a tail -> it
+//! becomes a counted one-point node with the tail hung below; a one-point child -> count + 1;
+//! otherwise the child is split after its first point. Following a repeat therefore moves node
+//! boundaries instead of creating nodes: repeated text costs about one node per branching
+//! point. Counts stay exact at every point, so proposals read counts directly and the
+//! per-request match is the deepest active suffix (no search). Appending to another sequence
+//! seals the open one; appending to a sealed one again re-derives its active suffixes.
+//!
+//! Eviction walks each occurrence of the removed sequence from the root, decrements the counts
+//! it passes, frees nodes that reach 0 and re-points a node whose reference occurrence was
+//! removed to its first child's. A node with no child left (its other occurrences all end at
+//! its end) keeps reading the removed sequence's tokens: that sequence's token array stays
+//! (counted by `memory_bytes`) until no node refers to it. Nodes are not re-merged on eviction.
+//! The alternatives weighed: a suffix automaton is smaller on repetitive text but cannot forget
+//! (the global index must evict) and needs end-position counts propagated along suffix links;
+//! the previous design here, a trie with only count-1 tails compressed, materialized one node
+//! per (repeated substring, length): 248 B per token on source code against ~59 B now.
+//!
+//! **Cost.** Append: O(active) steps per token, active < max_depth (~14 on average on stdlib
+//! source bytes), each a few node reads (a child lookup is a sibling scan or one hash probe);
+//! this per-active work, a cache miss or two per step on a large index, is what bounds the
+//! append rate on repetitive text. Eviction of a sequence of n tokens: O(n * max_depth).
+//! Propose: per-request match O(max_depth); global match O(max_depth^2) steps worst case;
+//! expansion O(budget * children log).
 
 use std::cmp::Ordering;
 use std::collections::hash_map::Entry;
 use std::collections::{BinaryHeap, HashMap, VecDeque};
-use std::hash::{BuildHasherDefault, Hasher};
 
 use rayon::prelude::*;
 
@@ -49,76 +68,97 @@ use crate::error::{Error, Result};
 
 const NIL: u32 = u32::MAX;
 const ROOT: u32 = 0;
-/// Marks a tail node in `count` (materialized counts stay below 2^31: one per indexed token).
-const TAIL: u32 = 1 << 31;
+/// In `lo`: the node is a tail (count 1, its chain ends with its occurrence).
+const TAIL: u16 = 1 << 15;
+/// In `hi`: the node's children are indexed in `lookup` (it has had `WIDE_MIN` children).
+const WIDE: u16 = 1 << 15;
+const DEPTH: u16 = !(1 << 15);
+/// Children at which a node's children enter the hash table; below, a lookup scans siblings.
+const WIDE_MIN: usize = 8;
 
 /// Largest `max_depth` accepted.
 pub const MAX_DEPTH_LIMIT: i64 = 4096;
 
-/// A multiplicative hasher for the `(node, token)` keys: the keys are not adversarial (token
-/// ids and arena indices), and SipHash would dominate the append cost. The two `u32` writes
-/// are packed into one word, mixed once in `finish`.
-#[derive(Default, Clone, Copy)]
-pub struct KeyHasher(u64);
-
-impl Hasher for KeyHasher {
-    #[inline]
-    fn finish(&self) -> u64 {
-        let mut h = self.0.wrapping_mul(0x9E37_79B9_7F4A_7C15);
-        h ^= h >> 29;
-        h = h.wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        h ^ (h >> 32)
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.write_u32(b as u32);
-        }
-    }
-    #[inline]
-    fn write_u32(&mut self, x: u32) {
-        self.0 = self.0.rotate_left(32) ^ x as u64;
-    }
+/// Hash of a `(table id, token)` key: a multiplicative mix (the keys are not adversarial:
+/// token ids and arena indices; SipHash would dominate the append cost).
+#[inline]
+fn hkey(tid: u32, token: u32) -> u64 {
+    let mut h = ((tid as u64) << 32 | token as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    h ^= h >> 29;
+    h = h.wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    h ^ (h >> 32)
 }
 
-/// `(node, token) -> child`: 12-byte slots (a `u64` key would pad them to 16).
-type Lookup = HashMap<(u32, u32), u32, BuildHasherDefault<KeyHasher>>;
+/// Children of wide nodes: `(table id << 32) | child` in 8-byte slots; the key's token is the
+/// child's own `token`, so it is not stored (the control byte's hash tag filters probes).
+type Lookup = hashbrown::HashTable<u64>;
 
+/// Makes room for `extra` more elements, growing by a quarter rather than doubling (memory is
+/// counted by capacity; the copies stay amortized O(1)).
 #[inline]
-fn key(node: u32, token: u32) -> (u32, u32) {
-    (node, token)
+fn reserve<T>(v: &mut Vec<T>, extra: usize) {
+    if v.capacity() - v.len() < extra {
+        v.reserve_exact(extra.max(v.len() / 4).max(16));
+    }
 }
 
 #[derive(Debug, Default, Clone)]
 struct Seq {
     tokens: Vec<u32>,
-    /// (start, node) of the suffixes still inside materialized nodes, deepest first.
+    /// (start, node) of the suffixes whose occurrence ends at a node's end (not in a tail),
+    /// deepest first; valid only while this is the index's open sequence.
     active: Vec<(u32, u32)>,
+    /// Removed, but some node still reads its labels from `tokens` (`refs` of them).
+    dead: bool,
+    refs: u32,
 }
 
-/// A position in the trie: a materialized node at its own depth, or a point at `depth` inside
-/// the count-1 chain a tail node stands for.
+/// A position in the tree: node `node` at depth `depth`, `start(node) <= depth <= end(node)`
+/// (the root at depth 0).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Locus {
     node: u32,
     depth: u32,
 }
 
-/// One suffix trie over a set of token sequences.
+/// One node: a chain of points (depths `lo..=hi`) sharing one count, 28 bytes in one place
+/// (one cache line touched per node visited).
+#[derive(Debug, Clone, Copy)]
+struct Node {
+    /// Occurrence count shared by every point of the chain (1 for a tail; the root's is the
+    /// number of indexed tokens).
+    count: u32,
+    /// Label of the chain's first point.
+    token: u32,
+    /// First child (`NIL`: none; a tail has none); a wide node's table id (`wide_heads`).
+    first_child: u32,
+    next_sib: u32,
+    /// A reference occurrence `(sequence, start)` through the whole chain: the label of the
+    /// point at depth `e` is `tokens(rseq)[rpos + e - 1]`. A tail's is its own occurrence.
+    rseq: u32,
+    rpos: u32,
+    /// Depth of the first point | `TAIL`.
+    lo: u16,
+    /// Depth of the last point (tails: unused, the end follows the occurrence) | `WIDE`.
+    hi: u16,
+}
+
+/// One path-compressed, depth-bounded suffix tree over a set of token sequences.
 #[derive(Debug, Clone)]
 pub struct SuffixIndex {
     max_depth: u32,
-    /// Occurrence count of a materialized node; for a tail node (count 1 by definition),
-    /// `TAIL | sequence` of the occurrence it stands for.
-    count: Vec<u32>,
-    token: Vec<u32>,
-    /// First child of a materialized node (`NIL`: none); for a tail node, the start of its
-    /// occurrence (a tail has no children).
-    first_child: Vec<u32>,
-    next_sib: Vec<u32>,
+    /// The arena (index 0: the root).
+    nodes: Vec<Node>,
     lookup: Lookup,
+    /// First child of each wide node, by table id (a wide node's `first_child` holds its
+    /// table id, and `lookup` is keyed by it, so children move between nodes without re-keying).
+    wide_heads: Vec<u32>,
+    free_tids: Vec<u32>,
     free_nodes: Vec<u32>,
     seqs: Vec<Option<Seq>>,
     free_seqs: Vec<u32>,
+    /// The sequence whose active suffixes are tracked (appending to another one seals it).
+    open: Option<u32>,
     num_tokens: usize,
 }
 
@@ -217,14 +257,23 @@ impl SuffixIndex {
         }
         Ok(SuffixIndex {
             max_depth: max_depth as u32,
-            count: vec![0],
-            token: vec![NIL],
-            first_child: vec![NIL],
-            next_sib: vec![NIL],
-            lookup: Lookup::default(),
+            nodes: vec![Node {
+                count: 0,
+                token: NIL,
+                first_child: NIL,
+                next_sib: NIL,
+                rseq: NIL,
+                rpos: 0,
+                lo: 0,
+                hi: 0,
+            }],
+            lookup: Lookup::new(),
+            wide_heads: Vec::new(),
+            free_tids: Vec::new(),
             free_nodes: Vec::new(),
             seqs: Vec::new(),
             free_seqs: Vec::new(),
+            open: None,
             num_tokens: 0,
         })
     }
@@ -238,15 +287,17 @@ impl SuffixIndex {
         self.num_tokens
     }
 
-    /// Live trie nodes (root included).
+    /// Live tree nodes (root included).
     pub fn num_nodes(&self) -> usize {
-        self.count.len() - self.free_nodes.len()
+        self.nodes.len() - self.free_nodes.len()
     }
 
     /// Heap bytes held (arena, hash table, sequences), by capacity.
     pub fn memory_bytes(&self) -> usize {
-        let arena = self.count.capacity() * 4 * 4 + self.free_nodes.capacity() * 4;
-        // hashbrown: a power-of-two bucket count, at most 7/8 full; a 12-byte slot and one
+        let arena = self.nodes.capacity() * std::mem::size_of::<Node>()
+            + (self.free_nodes.capacity() + self.wide_heads.capacity() + self.free_tids.capacity())
+                * 4;
+        // hashbrown: a power-of-two bucket count, at most 7/8 full; an 8-byte slot and one
         // control byte per bucket.
         let cap = self.lookup.capacity();
         let buckets = if cap == 0 {
@@ -254,7 +305,7 @@ impl SuffixIndex {
         } else {
             (cap * 8 / 7).next_power_of_two()
         };
-        let table = buckets * 13;
+        let table = buckets * 9;
         let seqs: usize = self
             .seqs
             .iter()
@@ -286,71 +337,332 @@ impl SuffixIndex {
         }
     }
 
-    fn new_tail(&mut self, parent: u32, token: u32, tail: (u32, u32)) -> u32 {
-        let id = self.link_tail(parent, token, tail);
-        self.lookup.insert(key(parent, token), id);
-        id
-    }
-
-    /// The id the next allocated node gets.
     #[inline]
-    fn next_id(free_nodes: &[u32], len: usize) -> u32 {
-        free_nodes.last().copied().unwrap_or(len as u32)
+    fn is_tail(&self, v: u32) -> bool {
+        self.nodes[v as usize].lo & TAIL != 0
     }
 
-    /// Allocates a tail node for occurrence `(seq, start)` and links it under `parent`,
-    /// without indexing it in `lookup`. (Every node is born a tail; materialization turns
-    /// tails into counted nodes.)
-    fn link_tail(&mut self, parent: u32, token: u32, (seq, start): (u32, u32)) -> u32 {
-        debug_assert!(seq < TAIL);
-        let first = self.first_child[parent as usize];
-        let id = match self.free_nodes.pop() {
+    #[inline]
+    fn is_wide(&self, v: u32) -> bool {
+        self.nodes[v as usize].hi & WIDE != 0
+    }
+
+    /// Depth of the node's last point.
+    #[inline]
+    fn end(&self, v: u32) -> u32 {
+        let i = v as usize;
+        if self.nodes[i].lo & TAIL != 0 {
+            let len = self.seq_tokens(self.nodes[i].rseq).len() as u32;
+            let e = self.max_depth.min(len - self.nodes[i].rpos);
+            debug_assert!((self.nodes[i].lo & DEPTH) as u32 <= e, "empty tail {v}");
+            e
+        } else {
+            (self.nodes[i].hi & DEPTH) as u32
+        }
+    }
+
+    /// Label of the point at depth `e` of node `v`'s chain.
+    #[inline]
+    fn label(&self, v: u32, e: u32) -> u32 {
+        let i = v as usize;
+        self.seq_tokens(self.nodes[i].rseq)[(self.nodes[i].rpos + e - 1) as usize]
+    }
+
+    /// Occurrence count of any node (1 for a tail).
+    #[inline]
+    fn node_count(&self, node: u32) -> u32 {
+        self.nodes[node as usize].count
+    }
+
+    /// Child with first label `t` in wide table `tid`.
+    #[inline]
+    fn wget(&self, tid: u32, t: u32) -> Option<u32> {
+        let nodes = &self.nodes;
+        self.lookup
+            .find(hkey(tid, t), |&e| {
+                (e >> 32) as u32 == tid && nodes[(e as u32) as usize].token == t
+            })
+            .map(|&e| e as u32)
+    }
+
+    /// Indexes child `c` (its `token` set) in wide table `tid`.
+    #[inline]
+    fn winsert(&mut self, tid: u32, c: u32) {
+        let nodes = &self.nodes;
+        let h = hkey(tid, nodes[c as usize].token);
+        self.lookup
+            .insert_unique(h, (tid as u64) << 32 | c as u64, |&e| {
+                hkey((e >> 32) as u32, nodes[(e as u32) as usize].token)
+            });
+    }
+
+    /// Drops the child with first label `t` (still its `token`) from wide table `tid`.
+    #[inline]
+    fn wremove(&mut self, tid: u32, t: u32) {
+        let nodes = &self.nodes;
+        if let Ok(e) = self.lookup.find_entry(hkey(tid, t), |&e| {
+            (e >> 32) as u32 == tid && nodes[(e as u32) as usize].token == t
+        }) {
+            e.remove();
+        }
+    }
+
+    /// First child of `u` (`NIL`: none).
+    #[inline]
+    fn head(&self, u: u32) -> u32 {
+        let n = &self.nodes[u as usize];
+        if n.hi & WIDE != 0 {
+            self.wide_heads[n.first_child as usize]
+        } else {
+            n.first_child
+        }
+    }
+
+    #[inline]
+    fn set_head(&mut self, u: u32, h: u32) {
+        let n = &mut self.nodes[u as usize];
+        if n.hi & WIDE != 0 {
+            self.wide_heads[n.first_child as usize] = h;
+        } else {
+            n.first_child = h;
+        }
+    }
+
+    /// Wide node `u` has no child left: it becomes narrow (and childless).
+    fn drop_wide(&mut self, u: u32) {
+        let n = &mut self.nodes[u as usize];
+        if n.hi & WIDE != 0 {
+            self.free_tids.push(n.first_child);
+            n.hi &= !WIDE;
+            n.first_child = NIL;
+        }
+    }
+
+    /// Child of `u` whose first label is `t`, and (when `u` is narrow) how many children
+    /// were scanned.
+    #[inline]
+    fn find_child(&self, u: u32, t: u32) -> (Option<u32>, usize) {
+        let first = self.nodes[u as usize].first_child;
+        if self.is_wide(u) {
+            return (self.wget(first, t), 0);
+        }
+        let mut c = first;
+        let mut n = 0;
+        while c != NIL {
+            if self.nodes[c as usize].token == t {
+                return (Some(c), n);
+            }
+            n += 1;
+            c = self.nodes[c as usize].next_sib;
+        }
+        (None, n)
+    }
+
+    /// `find_child` for appends: a child found by scanning moves to the front of the sibling
+    /// list, so the continuations followed most are found first (the order of siblings means
+    /// nothing else: `children` sorts).
+    #[inline]
+    fn find_child_mtf(&mut self, u: u32, t: u32) -> (Option<u32>, usize) {
+        let first = self.nodes[u as usize].first_child;
+        if self.is_wide(u) {
+            return (self.wget(first, t), 0);
+        }
+        let mut prev = NIL;
+        let mut c = first;
+        let mut n = 0;
+        while c != NIL {
+            if self.nodes[c as usize].token == t {
+                if prev != NIL {
+                    self.nodes[prev as usize].next_sib = self.nodes[c as usize].next_sib;
+                    self.nodes[c as usize].next_sib = first;
+                    self.nodes[u as usize].first_child = c;
+                }
+                return (Some(c), n);
+            }
+            n += 1;
+            prev = c;
+            c = self.nodes[c as usize].next_sib;
+        }
+        (None, n)
+    }
+
+    /// Allocates a node (not linked anywhere).
+    #[allow(clippy::too_many_arguments)]
+    fn alloc(
+        &mut self,
+        count: u32,
+        token: u32,
+        first_child: u32,
+        rs: (u32, u32),
+        lo: u16,
+        hi: u16,
+    ) -> u32 {
+        self.acquire_ref(rs.0);
+        let node = Node {
+            count,
+            token,
+            first_child,
+            next_sib: NIL,
+            rseq: rs.0,
+            rpos: rs.1,
+            lo,
+            hi,
+        };
+        match self.free_nodes.pop() {
             Some(id) => {
-                let i = id as usize;
-                self.count[i] = TAIL | seq;
-                self.token[i] = token;
-                self.first_child[i] = start;
-                self.next_sib[i] = first;
+                self.nodes[id as usize] = node;
                 id
             }
             None => {
-                self.count.push(TAIL | seq);
-                self.token.push(token);
-                self.first_child.push(start);
-                self.next_sib.push(first);
-                (self.count.len() - 1) as u32
+                reserve(&mut self.nodes, 1);
+                self.nodes.push(node);
+                (self.nodes.len() - 1) as u32
             }
-        };
-        self.first_child[parent as usize] = id;
-        id
+        }
     }
 
-    fn remove_node(&mut self, parent: u32, node: u32) {
-        let i = node as usize;
-        debug_assert!(self.is_tail(node) || self.first_child[i] == NIL);
-        self.lookup.remove(&key(parent, self.token[i]));
-        // Singly linked siblings: find the predecessor (removal happens only on eviction).
-        let next = self.next_sib[i];
-        let mut c = self.first_child[parent as usize];
-        if c == node {
-            self.first_child[parent as usize] = next;
-        } else {
-            while self.next_sib[c as usize] != node {
-                c = self.next_sib[c as usize];
+    /// A node starts reading labels from sequence `s`.
+    #[inline]
+    fn acquire_ref(&mut self, s: u32) {
+        if let Some(sq) = self.seqs[s as usize].as_mut() {
+            if sq.dead {
+                sq.refs += 1;
             }
-            self.next_sib[c as usize] = next;
         }
-        self.count[i] = 0;
-        self.first_child[i] = NIL;
-        self.free_nodes.push(node);
+    }
+
+    /// A node stops reading labels from sequence `s`: a removed sequence nobody reads is freed.
+    #[inline]
+    fn release_ref(&mut self, s: u32) {
+        let slot = &mut self.seqs[s as usize];
+        if let Some(sq) = slot.as_mut() {
+            if sq.dead {
+                sq.refs -= 1;
+                if sq.refs == 0 {
+                    *slot = None;
+                    self.free_seqs.push(s);
+                }
+            }
+        }
+    }
+
+    /// Frees node `v` (already unlinked), releasing its reference when `release`.
+    fn free_node(&mut self, v: u32, release: bool) {
+        let i = v as usize;
+        if release {
+            self.release_ref(self.nodes[i].rseq);
+        }
+        self.drop_wide(v);
+        self.nodes[i].count = 0;
+        self.nodes[i].first_child = NIL;
+        self.nodes[i].lo = 0;
+        self.nodes[i].hi = 0;
+        self.free_nodes.push(v);
+    }
+
+    /// Links `v` as a child of `u`, which had `kids` children (exact when `u` is narrow).
+    fn link_child(&mut self, u: u32, v: u32, kids: usize) {
+        let ui = u as usize;
+        self.nodes[v as usize].next_sib = self.head(u);
+        self.set_head(u, v);
+        if self.is_wide(u) {
+            let tid = self.nodes[ui].first_child;
+            self.winsert(tid, v);
+        } else if kids + 1 >= WIDE_MIN {
+            let tid = match self.free_tids.pop() {
+                Some(tid) => {
+                    self.wide_heads[tid as usize] = v;
+                    tid
+                }
+                None => {
+                    self.wide_heads.push(v);
+                    (self.wide_heads.len() - 1) as u32
+                }
+            };
+            self.nodes[ui].first_child = tid;
+            self.nodes[ui].hi |= WIDE;
+            let mut c = v;
+            while c != NIL {
+                self.winsert(tid, c);
+                c = self.nodes[c as usize].next_sib;
+            }
+        }
+    }
+
+    /// Unlinks child `v` from `u` (scans `u`'s siblings: eviction only).
+    fn unlink_child(&mut self, u: u32, v: u32) {
+        let i = v as usize;
+        if self.is_wide(u) {
+            let tid = self.nodes[u as usize].first_child;
+            self.wremove(tid, self.nodes[i].token);
+        }
+        let next = self.nodes[i].next_sib;
+        let mut c = self.head(u);
+        if c == v {
+            self.set_head(u, next);
+            if next == NIL {
+                self.drop_wide(u);
+            }
+        } else {
+            while self.nodes[c as usize].next_sib != v {
+                c = self.nodes[c as usize].next_sib;
+            }
+            self.nodes[c as usize].next_sib = next;
+        }
+    }
+
+    /// Child `v` of `u` gets a new first label `t`.
+    #[inline]
+    fn relabel(&mut self, u: u32, v: u32, t: u32) {
+        let i = v as usize;
+        if self.is_wide(u) {
+            let tid = self.nodes[u as usize].first_child;
+            self.wremove(tid, self.nodes[i].token);
+            self.nodes[i].token = t;
+            self.winsert(tid, v);
+        }
+        self.nodes[i].token = t;
+    }
+
+    /// Tail node for occurrence `(seq, j)` starting at depth `start` under `u`.
+    fn new_tail(&mut self, u: u32, kids: usize, (seq, j): (u32, u32), start: u32, t: u32) {
+        let v = self.alloc(1, t, NIL, (seq, j), start as u16 | TAIL, 0);
+        self.link_child(u, v, kids);
     }
 
     /// Appends already checked tokens to sequence `seq`.
     pub fn append(&mut self, seq: u32, tokens: &[u32]) {
+        // A long append would grow the wide-child table by doubling, and every rehash reads
+        // each entry's token from its node (a cache miss per entry). Index an eighth first,
+        // then size the table once for the rest at the hashed-children-per-token rate so far.
+        const BULK: usize = 1 << 16;
+        if tokens.len() >= BULK {
+            let (head, rest) = tokens.split_at(tokens.len() / 8);
+            self.append_run(seq, head);
+            let rate = self.lookup.len() as f64 / self.num_tokens.max(1) as f64;
+            self.lookup
+                .reserve((rate * 1.05 * rest.len() as f64) as usize, |&e| {
+                    hkey((e >> 32) as u32, self.nodes[(e as u32) as usize].token)
+                });
+            self.append_run(seq, rest);
+        } else {
+            self.append_run(seq, tokens);
+        }
+    }
+
+    fn append_run(&mut self, seq: u32, tokens: &[u32]) {
+        if self.open != Some(seq) {
+            if let Some(o) = self.open {
+                self.seal(o);
+            }
+            self.reactivate(seq);
+            self.open = Some(seq);
+        }
         let s = seq as usize;
-        let mut active = std::mem::take(&mut self.seqs[s].as_mut().expect("live sequence").active);
-        // Reserve up front: one tail per token at most, and materializations beside.
-        self.lookup.reserve(tokens.len());
+        let sq = self.seqs[s].as_mut().expect("live sequence");
+        reserve(&mut sq.tokens, tokens.len());
+        let mut active = std::mem::take(&mut sq.active);
+        let maxd = self.max_depth;
         for &t in tokens {
             let n = {
                 let sq = self.seqs[s].as_mut().expect("live sequence");
@@ -358,50 +670,107 @@ impl SuffixIndex {
                 (sq.tokens.len() - 1) as u32
             };
             self.num_tokens += 1;
-            self.count[ROOT as usize] += 1;
+            self.nodes[ROOT as usize].count += 1;
             active.push((n, ROOT));
             let mut kept = 0;
             for r in 0..active.len() {
                 let (j, u) = active[r];
-                // u is at depth d before t.
+                // u ends at depth d; the occurrence j now reaches depth d + 1, labelled t.
                 let d = n - j;
-                // One probe: a vacant slot is filled with the id the new node will get.
-                let found = match self.lookup.entry(key(u, t)) {
-                    Entry::Occupied(o) => Some(*o.get()),
-                    Entry::Vacant(e) => {
-                        e.insert(Self::next_id(&self.free_nodes, self.count.len()));
-                        None
-                    }
+                debug_assert_eq!(self.end(u), d);
+                let (found, kids) = self.find_child_mtf(u, t);
+                let Some(v) = found else {
+                    // First occurrence of this string: j's own tail; j retires.
+                    self.new_tail(u, kids, (seq, j), d + 1, t);
+                    continue;
                 };
-                match found {
-                    None => {
-                        // First occurrence of this string: j's own tail; j retires.
-                        let id = self.link_tail(u, t, (seq, j));
-                        debug_assert_eq!(self.lookup[&key(u, t)], id);
+                let (ui, vi) = (u as usize, v as usize);
+                let at = if u != ROOT
+                    && self.head(u) == v
+                    && self.nodes[vi].next_sib == NIL
+                    && self.nodes[ui].count == self.nodes[vi].count + 1
+                {
+                    // u's count differs from its only child's by j alone: u absorbs the point
+                    // and reads its labels from j (u's reference may be a removed occurrence
+                    // that stops at u's end).
+                    let v_end = self.end(v);
+                    if self.nodes[ui].rseq != seq {
+                        self.release_ref(self.nodes[ui].rseq);
+                        self.nodes[ui].rseq = seq;
                     }
-                    Some(v) => {
-                        let vi = v as usize;
+                    self.nodes[ui].rpos = j;
+                    if v_end == d + 1 {
+                        if self.is_wide(u) {
+                            let tid = self.nodes[ui].first_child;
+                            self.wremove(tid, t);
+                            self.drop_wide(u);
+                        }
                         if self.is_tail(v) {
-                            // A second occurrence: materialize v, re-hang the tail one deeper.
-                            let (ts, tk) = self.tail_ref(v);
-                            self.first_child[vi] = NIL;
-                            self.count[vi] = 2;
-                            if d + 1 < self.max_depth {
-                                let other = self.seq_tokens(ts);
-                                let idx = (tk + d + 1) as usize;
-                                if idx < other.len() {
-                                    let x = other[idx];
-                                    self.new_tail(v, x, (ts, tk));
-                                }
-                            }
+                            self.nodes[ui].first_child = NIL;
+                            self.nodes[ui].hi = (d + 1) as u16;
+                            self.free_node(v, true);
                         } else {
-                            self.count[vi] += 1;
+                            // Merge v into u: u takes v's children (and table id) as they are.
+                            self.nodes[ui].first_child = self.nodes[vi].first_child;
+                            self.nodes[ui].hi = self.nodes[vi].hi;
+                            self.release_ref(self.nodes[ui].rseq);
+                            self.nodes[ui].rseq = self.nodes[vi].rseq;
+                            self.nodes[ui].rpos = self.nodes[vi].rpos;
+                            self.nodes[vi].hi = 0;
+                            self.free_node(v, false);
                         }
-                        if d + 1 < self.max_depth {
-                            active[kept] = (j, v);
-                            kept += 1;
+                    } else {
+                        self.nodes[ui].hi = (d + 1) as u16 | (self.nodes[ui].hi & WIDE);
+                        self.nodes[vi].lo = (d + 2) as u16 | (self.nodes[vi].lo & TAIL);
+                        let x = self.label(v, d + 2);
+                        self.relabel(u, v, x);
+                    }
+                    u
+                } else if self.is_tail(v) {
+                    // A second occurrence: v becomes a counted point, the tail hangs below.
+                    let tail_end = self.end(v);
+                    let rs = (self.nodes[vi].rseq, self.nodes[vi].rpos);
+                    self.nodes[vi].count = 2;
+                    self.nodes[vi].lo = (d + 1) as u16;
+                    self.nodes[vi].hi = (d + 1) as u16;
+                    self.nodes[vi].first_child = NIL;
+                    if d + 2 <= tail_end {
+                        let x = self.label(v, d + 2);
+                        self.new_tail(v, 0, rs, d + 2, x);
+                    }
+                    v
+                } else if self.end(v) == d + 1 {
+                    self.nodes[vi].count += 1;
+                    v
+                } else {
+                    // Split: v keeps the point d + 1, a new node w the rest of the chain.
+                    let x = self.label(v, d + 2);
+                    let rs = (self.nodes[vi].rseq, self.nodes[vi].rpos);
+                    let w = self.alloc(
+                        self.nodes[vi].count,
+                        x,
+                        self.nodes[vi].first_child,
+                        rs,
+                        (d + 2) as u16,
+                        self.nodes[vi].hi,
+                    );
+                    // An occurrence already extended this token may end at v's end: it now
+                    // ends at w's.
+                    if let Some(jj) = (n + 1).checked_sub(self.end(v)) {
+                        if let Some(a) = active[..kept].iter_mut().find(|a| a.0 == jj) {
+                            if a.1 == v {
+                                a.1 = w;
+                            }
                         }
                     }
+                    self.nodes[vi].hi = (d + 1) as u16;
+                    self.nodes[vi].first_child = w;
+                    self.nodes[vi].count += 1;
+                    v
+                };
+                if d + 1 < maxd {
+                    active[kept] = (j, at);
+                    kept += 1;
                 }
             }
             active.truncate(kept);
@@ -409,41 +778,122 @@ impl SuffixIndex {
         self.seqs[s].as_mut().expect("live sequence").active = active;
     }
 
-    /// Stops tracking the active suffixes of `seq` (it will not grow any more).
+    /// Recomputes the active suffixes of `seq` (after appends to another sequence): the
+    /// occurrences among its last `max_depth - 1` suffixes that end at a node's end.
+    fn reactivate(&mut self, seq: u32) {
+        let toks = self.seq_tokens(seq);
+        let n = toks.len();
+        let mut active = Vec::new();
+        for j in n - n.min(self.max_depth as usize - 1)..n {
+            let mut l = Locus {
+                node: ROOT,
+                depth: 0,
+            };
+            let mut ok = true;
+            for &x in &toks[j..] {
+                match self.step(l, x) {
+                    Some(next) => l = next,
+                    None => {
+                        ok = false;
+                        break;
+                    }
+                }
+            }
+            if ok && !self.is_tail(l.node) && l.depth == self.end(l.node) {
+                active.push((j as u32, l.node));
+            }
+        }
+        self.seqs[seq as usize]
+            .as_mut()
+            .expect("live sequence")
+            .active = active;
+    }
+
+    /// Stops tracking the active suffixes of `seq` (it will not grow any more, or another
+    /// sequence is appended to).
     pub fn seal(&mut self, seq: u32) {
         let sq = self.seqs[seq as usize].as_mut().expect("live sequence");
         sq.active = Vec::new();
+        if self.open == Some(seq) {
+            self.open = None;
+        }
     }
 
     /// Removes sequence `seq` and every occurrence it contributed.
     pub fn remove_seq(&mut self, seq: u32) {
-        let sq = self.seqs[seq as usize].take().expect("live sequence");
-        let toks = sq.tokens;
+        self.seal(seq);
+        let toks = self.seq_tokens(seq).to_vec();
         let d = self.max_depth as usize;
         let mut path: Vec<(u32, u32)> = Vec::with_capacity(d);
+        // Nodes that read their labels from `seq` when visited.
+        let mut orphans: Vec<u32> = Vec::new();
         for j in 0..toks.len() {
             path.clear();
-            self.count[ROOT as usize] -= 1;
+            self.nodes[ROOT as usize].count -= 1;
+            let len = toks.len().min(j + d) - j;
             let mut v = ROOT;
-            for &x in &toks[j..toks.len().min(j + d)] {
-                let c = self.lookup[&key(v, x)];
+            let mut depth = 0;
+            while depth < len {
+                let c = self
+                    .find_child(v, toks[j + depth])
+                    .0
+                    .expect("an indexed occurrence is in the tree");
                 if self.is_tail(c) {
-                    debug_assert_eq!(self.tail_ref(c), (seq, j as u32));
-                    self.remove_node(v, c);
+                    debug_assert_eq!(
+                        (self.nodes[c as usize].rseq, self.nodes[c as usize].rpos),
+                        (seq, j as u32)
+                    );
+                    self.unlink_child(v, c);
+                    self.free_node(c, true);
                     break;
                 }
-                self.count[c as usize] -= 1;
+                self.nodes[c as usize].count -= 1;
                 path.push((v, c));
+                depth = self.end(c) as usize;
                 v = c;
             }
             for &(p, c) in path.iter().rev() {
-                if self.count[c as usize] == 0 {
-                    self.remove_node(p, c);
+                let ci = c as usize;
+                if self.nodes[ci].count == 0 {
+                    debug_assert_eq!(self.head(c), NIL);
+                    self.unlink_child(p, c);
+                    self.free_node(c, true);
+                } else if self.nodes[ci].rseq == seq {
+                    // Borrow a child's occurrence (which may itself still be in `seq`, or be
+                    // an orphan's): whatever still reads `seq` at the end is counted then.
+                    orphans.push(c);
+                    let g = self.head(c);
+                    if g != NIL {
+                        let gs = self.nodes[g as usize].rseq;
+                        self.acquire_ref(gs);
+                        self.nodes[ci].rseq = gs;
+                        self.nodes[ci].rpos = self.nodes[g as usize].rpos;
+                    }
                 }
             }
         }
         self.num_tokens -= toks.len();
-        self.free_seqs.push(seq);
+        orphans.sort_unstable();
+        orphans.dedup();
+        let refs = orphans
+            .iter()
+            .filter(|&&c| {
+                let ci = c as usize;
+                self.nodes[ci].count > 0
+                    && self.nodes[ci].lo & TAIL == 0
+                    && self.nodes[ci].rseq == seq
+            })
+            .count() as u32;
+        if refs > 0 {
+            // Some counted nodes end where their other occurrences end: keep the labels.
+            let sq = self.seqs[seq as usize].as_mut().expect("live sequence");
+            sq.dead = true;
+            sq.refs = refs;
+            sq.active = Vec::new();
+        } else {
+            self.seqs[seq as usize] = None;
+            self.free_seqs.push(seq);
+        }
     }
 
     #[cfg(test)]
@@ -451,49 +901,16 @@ impl SuffixIndex {
         self.node_count(l.node)
     }
 
-    /// The single continuation token of a point inside a tail chain, if any.
-    #[inline]
-    fn tail_next(&self, l: Locus) -> Option<u32> {
-        if l.depth >= self.max_depth {
-            return None;
-        }
-        let (seq, start) = self.tail_ref(l.node);
-        self.seq_tokens(seq)
-            .get((start + l.depth) as usize)
-            .copied()
-    }
-
-    #[inline]
-    fn is_tail(&self, node: u32) -> bool {
-        self.count[node as usize] & TAIL != 0
-    }
-
-    /// The occurrence `(sequence, start)` a tail node stands for.
-    #[inline]
-    fn tail_ref(&self, node: u32) -> (u32, u32) {
-        let i = node as usize;
-        (self.count[i] & !TAIL, self.first_child[i])
-    }
-
-    /// Occurrence count of any node (1 for a tail).
-    #[inline]
-    fn node_count(&self, node: u32) -> u32 {
-        let c = self.count[node as usize];
-        if c & TAIL != 0 {
-            1
-        } else {
-            c
-        }
-    }
-
     fn step(&self, l: Locus, x: u32) -> Option<Locus> {
-        if self.is_tail(l.node) {
-            (self.tail_next(l) == Some(x)).then_some(Locus {
+        if l.depth < self.end(l.node) {
+            (self.label(l.node, l.depth + 1) == x).then_some(Locus {
                 node: l.node,
                 depth: l.depth + 1,
             })
+        } else if self.is_tail(l.node) || l.depth >= self.max_depth {
+            None
         } else {
-            self.lookup.get(&key(l.node, x)).map(|&c| Locus {
+            self.find_child(l.node, x).0.map(|c| Locus {
                 node: c,
                 depth: l.depth + 1,
             })
@@ -501,49 +918,44 @@ impl SuffixIndex {
     }
 
     fn has_continuation(&self, l: Locus) -> bool {
-        if self.is_tail(l.node) {
-            self.tail_next(l).is_some()
-        } else {
-            l.depth < self.max_depth && self.first_child[l.node as usize] != NIL
-        }
+        l.depth < self.end(l.node) || (!self.is_tail(l.node) && self.head(l.node) != NIL)
     }
 
     /// Children of `l` with count >= `min_count`, as (count, token, locus), in (count
     /// descending, token ascending) order.
     fn children(&self, l: Locus, min_count: u32, out: &mut Vec<(u32, u32, Locus)>) {
         out.clear();
-        if self.is_tail(l.node) {
-            if let Some(x) = self.tail_next(l) {
-                if 1 >= min_count {
-                    out.push((
-                        1,
-                        x,
-                        Locus {
-                            node: l.node,
-                            depth: l.depth + 1,
-                        },
-                    ));
-                }
+        if l.depth < self.end(l.node) {
+            let cnt = self.node_count(l.node);
+            if cnt >= min_count {
+                out.push((
+                    cnt,
+                    self.label(l.node, l.depth + 1),
+                    Locus {
+                        node: l.node,
+                        depth: l.depth + 1,
+                    },
+                ));
             }
             return;
         }
-        if l.depth >= self.max_depth {
+        if self.is_tail(l.node) {
             return;
         }
-        let mut c = self.first_child[l.node as usize];
+        let mut c = self.head(l.node);
         while c != NIL {
             let cnt = self.node_count(c);
             if cnt >= min_count {
                 out.push((
                     cnt,
-                    self.token[c as usize],
+                    self.nodes[c as usize].token,
                     Locus {
                         node: c,
                         depth: l.depth + 1,
                     },
                 ));
             }
-            c = self.next_sib[c as usize];
+            c = self.nodes[c as usize].next_sib;
         }
         out.sort_unstable_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
     }
@@ -576,9 +988,13 @@ impl SuffixIndex {
     }
 
     /// The deepest active suffix of `seq` with a continuation: the match of the sequence's own
-    /// context in its own index, read off without a search.
+    /// context in its own index, read off without a search (a search when `seq` is not the
+    /// open sequence).
     fn own_match(&self, seq: u32, max_match: usize) -> Option<(Locus, usize)> {
         let sq = self.seqs[seq as usize].as_ref().expect("live sequence");
+        if self.open != Some(seq) {
+            return self.find_match(&sq.tokens, max_match);
+        }
         let n = sq.tokens.len() as u32;
         sq.active.iter().find_map(|&(j, node)| {
             let l = Locus { node, depth: n - j };
@@ -586,7 +1002,6 @@ impl SuffixIndex {
                 .then_some((l, l.depth as usize))
         })
     }
-
     /// Longest match considered: `max_depth - budget` (at least 1, at most `max_depth - 1`),
     /// so that a full-budget chain still fits under the depth bound.
     fn max_match(&self, opt: &ProposeOptions) -> usize {
@@ -681,8 +1096,8 @@ pub struct SuffixDrafter {
     cached: HashMap<i64, u32>,
 }
 
-/// Positions are `u32` and counts share their word with the tail flag: an index holds at most
-/// `2^31 - 1` tokens. (Node ids are `u32` too; 2^32 nodes take over 100 GB.)
+/// Positions and counts are `u32`, and a request context stays within `2^31 - 1` tokens (the
+/// documented limit). (Node ids are `u32` too; 2^32 nodes take over 100 GB.)
 const MAX_SEQ_TOKENS: usize = (u32::MAX / 2) as usize;
 
 fn check_len(n: usize) -> Result<()> {
@@ -917,7 +1332,7 @@ mod tests {
         *x >> 33
     }
 
-    /// Every string reachable in the trie carries its brute-force count, for strings drawn
+    /// Every string reachable in the tree carries its brute-force count, for strings drawn
     /// from the sequences themselves, after appends and removals.
     #[test]
     fn counts_match_brute_force() {
@@ -945,7 +1360,7 @@ mod tests {
             }
             let seqs: Vec<Vec<u32>> = live.iter().map(|(_, t)| t.clone()).collect();
             assert_eq!(
-                idx.count[0] as usize,
+                idx.nodes[0].count as usize,
                 seqs.iter().map(Vec::len).sum::<usize>()
             );
             for s in &seqs {
@@ -969,6 +1384,33 @@ mod tests {
             }
             assert_eq!(idx.num_nodes(), 1, "removing everything leaves the root");
             assert!(idx.lookup.is_empty());
+        }
+    }
+
+    /// A bulk append (which sizes the wide-child table after its first eighth) builds the same
+    /// index as the same tokens appended in pieces.
+    #[test]
+    fn bulk_append_equals_pieces() {
+        let mut x = 3u64;
+        let toks: Vec<u32> = (0..70_000)
+            .map(|_| (rng(&mut x) % 40).min(rng(&mut x) % 40) as u32)
+            .collect();
+        let mut a = SuffixIndex::new(16).unwrap();
+        let sa = a.add_seq();
+        a.append(sa, &toks);
+        let mut b = SuffixIndex::new(16).unwrap();
+        let sb = b.add_seq();
+        for piece in toks.chunks(1000) {
+            b.append(sb, piece);
+        }
+        assert_eq!(a.num_nodes(), b.num_nodes());
+        assert_eq!(a.lookup.len(), b.lookup.len());
+        let opt = ProposeOptions::new(8, 0.01, 4.0, false).unwrap();
+        assert_eq!(a.propose_own(sa, &opt), b.propose_own(sb, &opt));
+        for k in 0..200 {
+            let end = 20 + (rng(&mut x) as usize) % (toks.len() - 20);
+            let ctx = &toks[end - 20 - k % 3..end];
+            assert_eq!(a.propose_for(ctx, &opt), b.propose_for(ctx, &opt));
         }
     }
 
@@ -1004,5 +1446,120 @@ mod tests {
         assert!(d.propose(2, &opt, true).is_err());
         assert!(ProposeOptions::new(0, 0.1, 1.0, false).is_err());
         assert!(ProposeOptions::new(1, 0.0, 1.0, false).is_err());
+    }
+}
+
+#[cfg(test)]
+mod interleaved_tests {
+    use super::*;
+
+    fn rng(x: &mut u64) -> u64 {
+        *x = x
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        *x >> 33
+    }
+
+    /// Every string of every sequence, walked from the root, carries its brute-force count.
+    fn counts_ok(idx: &SuffixIndex, seqs: &[Vec<u32>], depth: usize) -> bool {
+        for s in seqs {
+            for i in 0..s.len() {
+                let mut l = Locus { node: 0, depth: 0 };
+                for e in 1..=depth.min(s.len() - i) {
+                    let Some(n) = idx.step(l, s[i + e - 1]) else {
+                        return false;
+                    };
+                    l = n;
+                    let w = &s[i..i + e];
+                    let want: usize = seqs
+                        .iter()
+                        .map(|q| q.windows(e).filter(|x| *x == w).count())
+                        .sum();
+                    if idx.locus_count(l) as usize != want {
+                        return false;
+                    }
+                }
+            }
+        }
+        true
+    }
+
+    /// Appends interleaved between sequences, removals in any order, counts checked after
+    /// every operation; removing everything frees every node and every sequence.
+    #[test]
+    fn interleaved_appends_and_removals() {
+        let mut x = 7u64;
+        let mut wide_entries = 0;
+        for round in 0..1500 {
+            let depth = 1 + (rng(&mut x) % 7) as usize;
+            let mut idx = SuffixIndex::new(depth as i64).unwrap();
+            let mut live: Vec<(u32, Vec<u32>)> = Vec::new();
+            // Odd rounds: a wider, skewed alphabet and longer sequences, so that nodes get
+            // `WIDE_MIN` children and more (hash-indexed children).
+            let wide = round % 2 == 1;
+            let alpha = if wide {
+                10 + rng(&mut x) % 8
+            } else {
+                1 + rng(&mut x) % 3
+            };
+            let scale = if wide { 5 } else { 1 };
+            let draw = |x: &mut u64| (rng(x) % alpha).min(rng(x) % alpha) as u32;
+            let mut ops = vec![format!("depth {depth}")];
+            for _ in 0..10 {
+                match rng(&mut x) % 4 {
+                    0 if !live.is_empty() => {
+                        let k = (rng(&mut x) as usize) % live.len();
+                        let (s, _) = live.remove(k);
+                        ops.push(format!("rm {s}"));
+                        idx.remove_seq(s);
+                    }
+                    1 | 2 if !live.is_empty() => {
+                        let k = (rng(&mut x) as usize) % live.len();
+                        let len = rng(&mut x) % (6 * scale);
+                        let toks: Vec<u32> = (0..len).map(|_| draw(&mut x)).collect();
+                        idx.append(live[k].0, &toks);
+                        ops.push(format!("app {} {toks:?}", live[k].0));
+                        live[k].1.extend(&toks);
+                    }
+                    _ => {
+                        let s = idx.add_seq();
+                        let len = rng(&mut x) % (10 * scale);
+                        let toks: Vec<u32> = (0..len).map(|_| draw(&mut x)).collect();
+                        idx.append(s, &toks);
+                        ops.push(format!("new {s} {toks:?}"));
+                        live.push((s, toks));
+                    }
+                }
+                for v in 1..idx.nodes.len() {
+                    if idx.nodes[v].count > 0 && idx.seqs[idx.nodes[v].rseq as usize].is_none() {
+                        panic!(
+                            "round {round} node {v} refs freed {} ops {ops:?}",
+                            idx.nodes[v].rseq
+                        );
+                    }
+                }
+                wide_entries += idx.lookup.len();
+                let seqs: Vec<Vec<u32>> = live.iter().map(|(_, t)| t.clone()).collect();
+                assert!(counts_ok(&idx, &seqs, depth), "round {round} {ops:?}");
+                for (s, t) in &live {
+                    let m = depth - 1;
+                    if !t.is_empty() && m > 0 {
+                        let a = idx.own_match(*s, m).map(|(l, n)| (idx.locus_count(l), n));
+                        let b = idx.find_match(t, m).map(|(l, n)| (idx.locus_count(l), n));
+                        assert_eq!(a, b, "round {round}");
+                    }
+                }
+            }
+            for (s, _) in live {
+                idx.remove_seq(s);
+            }
+            assert_eq!(idx.num_nodes(), 1, "round {round}");
+            assert!(idx.lookup.is_empty());
+            assert!(
+                idx.seqs.iter().all(Option::is_none),
+                "round {round}: a dead sequence is kept"
+            );
+        }
+        assert!(wide_entries > 0, "no wide node was exercised");
     }
 }
