@@ -109,7 +109,7 @@ def test_loop_step(benchmark, batch, budget, contender):
             np.testing.assert_array_equal(got.accepted_nodes, expected.accepted_nodes)
         elif contender == "torch_peer":
             paths = TorchPaths(_Shape(trees))
-            tokens = torch.from_numpy(np.asarray(trees.tokens))
+            tokens = torch.tensor(trees.tokens)  # a writable copy of the read-only view
             k, nodes, _ = run(benchmark, lambda: torch_step(paths, tokens, logits, target))
             np.testing.assert_array_equal(k.numpy(), expected.num_accepted)
             np.testing.assert_array_equal(nodes.numpy(), expected.accepted_nodes)

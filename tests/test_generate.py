@@ -270,6 +270,8 @@ def test_kv_cache_after_compaction_equals_autoregressive(seed: int) -> None:
     spec_target = TinyTarget(model)
     spec = generate(spec_target, OracleDrafter(ar.tokens, seed), prompts, 30)
     assert spec.tokens == ar.tokens
+    # A normal tensor: CUDA compaction (index_copy_) runs outside inference mode.
+    assert not spec_target.cache.is_inference()
     assert spec.mean_accepted > 0.5  # deep, non-contiguous paths were accepted and compacted
     # Every committed entry: the prompt and all emitted tokens but the last (the next root).
     for b, prompt in enumerate(prompts):

@@ -181,10 +181,12 @@ def _print_table(report: dict[str, Any]) -> None:
         "\nnodes: tokens verified per request and step; tok/fwd: tokens emitted per target "
         "forward\n(1.00 = autoregressive); accept: draft tokens accepted per step; target, "
         "draft: shares of the\nloop's time; specsched/step: its own time per step (tree "
-        "build, verify, KV compaction) and\nthat time as a share of the target's tree forward. "
-        "On a CPU a tree forward costs more than a\none-token forward, so wall time lags "
-        "tokens per forward; on a GPU (--device cuda) the forward\nis memory-bound and the "
-        "two converge."
+        "build, verify, KV compaction) and\nthat time as a share of the target's tree forward, "
+        "measured in the loop: each call follows a CPU\nmodel forward that evicted the caches "
+        "and costs several times what it costs hot\n(benches/test_generate.py: verify + "
+        "compaction ~20 µs per step). On a CPU a tree forward costs\nmore than a one-token "
+        "forward, so wall time lags tokens per forward; on a GPU (--device cuda)\nthe forward "
+        "is memory-bound and the two converge."
     )
     s = report["sampling"]
     print(

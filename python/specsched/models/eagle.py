@@ -179,12 +179,12 @@ class EagleDrafter:
         clock = time.perf_counter
         root_out = state.feed_pending()
         top = state.draft_logprobs(root_out).topk(k, dim=-1)
+        # Moving the draft's top-k to the host is the drafter's cost; the builder's starts at t0.
+        top_tokens, top_logprobs = top.indices.cpu().numpy(), top.values.cpu().numpy()
+        root_positions = (state.lengths - 1).cpu().numpy()
         t0 = clock()
         tokens, parent_slot, mask, positions = builder.start(
-            roots,
-            top.indices.cpu().numpy(),
-            top.values.cpu().numpy(),
-            (state.lengths - 1).cpu().numpy(),
+            roots, top_tokens, top_logprobs, root_positions
         )
         state.build_seconds += clock() - t0
         features = root_out[:, None].expand(-1, k, -1)
@@ -199,10 +199,9 @@ class EagleDrafter:
                 torch.as_tensor(mask, device=dev),
             )
             top = state.draft_logprobs(out).topk(k, dim=-1)
+            top_tokens, top_logprobs = top.indices.cpu().numpy(), top.values.cpu().numpy()
             t0 = clock()
-            tokens, parent_slot, mask, positions = builder.expand(
-                top.indices.cpu().numpy(), top.values.cpu().numpy()
-            )
+            tokens, parent_slot, mask, positions = builder.expand(top_tokens, top_logprobs)
             state.build_seconds += clock() - t0
             features = out.gather(
                 1, torch.as_tensor(parent_slot, device=dev)[:, :, None].expand_as(out)

@@ -309,13 +309,16 @@ class TinyTarget:
         cfg = self.model.cfg
         held = self.cache.shape[4] if self.cache.dim() == 6 else 0
         size = max(needed + self.headroom, 2 * held)
-        grown = torch.zeros(
-            (cfg.n_layers, 2, batch, cfg.n_heads, size, cfg.head_dim),
-            dtype=self.dtype,
-            device=self.device,
-        )
-        if self.cache.dim() == 6 and self.cache.shape[2] == batch:
-            grown[:, :, :, :, : self.cache.shape[4]] = self.cache
+        # A normal tensor even when called under inference mode: `accept` compacts it outside
+        # (on CUDA with index_copy_, which an inference tensor refuses).
+        with torch.inference_mode(False):
+            grown = torch.zeros(
+                (cfg.n_layers, 2, batch, cfg.n_heads, size, cfg.head_dim),
+                dtype=self.dtype,
+                device=self.device,
+            )
+            if self.cache.dim() == 6 and self.cache.shape[2] == batch:
+                grown[:, :, :, :, : self.cache.shape[4]] = self.cache
         self.cache = grown
 
     @torch.inference_mode()
