@@ -28,6 +28,7 @@ import argparse
 import json
 import math
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +66,30 @@ def lr_at(step: int, steps: int, peak: float, warmup: int) -> float:
     if step < warmup:
         return peak * (step + 1) / warmup
     return peak * 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(1, steps - warmup)))
+
+
+def fit(
+    name: str,
+    module: torch.nn.Module,
+    opt: torch.optim.Optimizer,
+    loss_fn: Callable[[], torch.Tensor],
+    steps: int,
+    peak: float,
+    warmup: int,
+) -> None:
+    """`steps` AdamW steps with linear warm-up and cosine decay; leaves `module` in eval mode."""
+    t0 = time.perf_counter()
+    for step in range(steps):
+        for group in opt.param_groups:
+            group["lr"] = lr_at(step, steps, peak, warmup)
+        loss = loss_fn()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(module.parameters(), 1.0)
+        opt.step()
+        if step % 100 == 0 or step == steps - 1:
+            print(f"{name} {step:5d} loss {loss.item():.3f} ({time.perf_counter() - t0:.0f} s)")
+    module.eval()
 
 
 def head_loss(target: TinyLM, head: EagleHead, x: torch.Tensor) -> torch.Tensor:
@@ -137,37 +162,27 @@ def main() -> None:
     cfg = TinyConfig()
     target = TinyLM(cfg)
     opt = torch.optim.AdamW(target.parameters(), lr=3e-3, weight_decay=0.1, betas=(0.9, 0.95))
-    t0 = time.perf_counter()
-    for step in range(args.target_steps):
-        for group in opt.param_groups:
-            group["lr"] = lr_at(step, args.target_steps, 3e-3, 100)
+
+    def lm_loss() -> torch.Tensor:
         x = windows(train, rng, args.batch, args.length)
         logits, _ = target(x[:, :-1])
-        loss = F.cross_entropy(logits.reshape(-1, cfg.vocab_size), x[:, 1:].reshape(-1))
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(target.parameters(), 1.0)
-        opt.step()
-        if step % 100 == 0 or step == args.target_steps - 1:
-            print(f"target {step:5d} loss {loss.item():.3f} ({time.perf_counter() - t0:.0f} s)")
-    target.eval()
+        return F.cross_entropy(logits.reshape(-1, cfg.vocab_size), x[:, 1:].reshape(-1))
+
+    fit("target", target, opt, lm_loss, args.target_steps, peak=3e-3, warmup=100)
     for p in target.parameters():
         p.requires_grad_(False)
 
     head = EagleHead(cfg)
     opt = torch.optim.AdamW(head.parameters(), lr=2e-3, weight_decay=0.0)
-    t0 = time.perf_counter()
-    for step in range(args.head_steps):
-        for group in opt.param_groups:
-            group["lr"] = lr_at(step, args.head_steps, 2e-3, 50)
-        loss = head_loss(target, head, windows(train, rng, args.batch, args.length + 1))
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(head.parameters(), 1.0)
-        opt.step()
-        if step % 100 == 0 or step == args.head_steps - 1:
-            print(f"head {step:5d} loss {loss.item():.3f} ({time.perf_counter() - t0:.0f} s)")
-    head.eval()
+    fit(
+        "head",
+        head,
+        opt,
+        lambda: head_loss(target, head, windows(train, rng, args.batch, args.length + 1)),
+        args.head_steps,
+        peak=2e-3,
+        warmup=50,
+    )
     metrics = evaluate(target, head, held_batches)
     print(json.dumps(metrics, indent=2))
 

@@ -141,6 +141,38 @@ class Generation:
         return self.specsched_s / tree_forward_s if tree_forward_s > 0 else 0.0
 
 
+@dataclass(frozen=True)
+class PaddedTrees:
+    """A ragged tree batch laid out as the `[B, n]` (n = largest tree) batch a model runs.
+
+    `tokens`, `positions` int64 `[B, n]` (positions `lengths[b] + depth`); `tree_mask` bool
+    `[B, n, n]`, ancestor-or-self within each tree, and padding slots see only themselves (so
+    no attention row is empty); `rows`, `cols` int64 `[T]`: where flat node t sits, to gather
+    the model's per-slot outputs back into tree order (`out[rows, cols]`).
+    """
+
+    tokens: np.ndarray
+    positions: np.ndarray
+    tree_mask: np.ndarray
+    rows: np.ndarray
+    cols: np.ndarray
+
+
+def pad_trees(trees: TreeBatch, lengths: np.ndarray) -> PaddedTrees:
+    """`trees` padded to `[B, max_nodes]` for a model whose rows hold `lengths` tokens."""
+    b, n = trees.num_trees, trees.max_nodes
+    offsets = trees.offsets
+    sizes = np.diff(offsets)
+    rows = np.repeat(np.arange(b), sizes)
+    cols = np.arange(trees.num_nodes) - np.repeat(offsets[:-1], sizes)
+    tokens = np.zeros((b, n), dtype=np.int64)
+    tokens[rows, cols] = trees.tokens
+    positions = np.repeat(np.asarray(lengths, dtype=np.int64)[:, None], n, axis=1)
+    positions[rows, cols] = trees.positions(lengths)
+    tree_mask = trees.padded_mask() | np.eye(n, dtype=bool)[None]
+    return PaddedTrees(tokens, positions, tree_mask, rows, cols)
+
+
 def root_only(roots: np.ndarray) -> TreeBatch:
     """A batch of single-node trees: autoregressive decoding in the tree loop's terms."""
     b = roots.shape[0]

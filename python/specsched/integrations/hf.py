@@ -36,7 +36,7 @@ import torch
 
 from specsched._core import BatchVerifyResult, TreeBatch
 from specsched._kv import compact_kv
-from specsched.generate import TargetStep
+from specsched.generate import TargetStep, pad_trees
 
 
 def _cache_classes() -> tuple[Any, Any]:
@@ -221,24 +221,18 @@ class HFTarget:
         b, n = trees.num_trees, trees.max_nodes
         if b != self.batch_size:
             raise ValueError(f"trees: {b} trees for a batch of {self.batch_size} rows")
-        offsets = trees.offsets
-        sizes = np.diff(offsets)
-        row_of = np.repeat(np.arange(b), sizes)
-        col_of = np.arange(trees.num_nodes) - np.repeat(offsets[:-1], sizes)
-        tokens = np.zeros((b, n), dtype=np.int64)
-        tokens[row_of, col_of] = trees.tokens
-        positions = np.repeat(self.lengths[:, None], n, axis=1)
-        positions[row_of, col_of] = trees.positions(self.lengths)
-        # Padding slots (past a row's tree) see only themselves; their outputs are dropped.
-        tree_mask = torch.from_numpy(trees.padded_mask() | np.eye(n, dtype=bool)[None])
+        padded = pad_trees(trees, self.lengths)
         s = int(self.cache.get_seq_length())
         allowed = torch.cat(
-            (self.valid.cpu()[:, None, :].expand(b, n, s), tree_mask), dim=2
+            (self.valid.cpu()[:, None, :].expand(b, n, s), torch.from_numpy(padded.tree_mask)),
+            dim=2,
         )  # [B, n, S + n]
-        out = self._run(torch.from_numpy(tokens), torch.from_numpy(positions), allowed)
+        out = self._run(
+            torch.from_numpy(padded.tokens), torch.from_numpy(padded.positions), allowed
+        )
         self._pending = s
-        rows = torch.as_tensor(row_of, device=out.logits.device)
-        cols = torch.as_tensor(col_of, device=out.logits.device)
+        rows = torch.as_tensor(padded.rows, device=out.logits.device)
+        cols = torch.as_tensor(padded.cols, device=out.logits.device)
         features = self._features(out)
         return TargetStep(
             out.logits[rows, cols], None if features is None else features[rows, cols]

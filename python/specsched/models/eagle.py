@@ -133,7 +133,25 @@ class _HeadState:
         self.pending_tokens = [tokens[i, : kept[i]] for i in range(len(kept))]
 
 
-class EagleDrafter:
+class _HeadDrafter:
+    """What every head drafter shares: the head's state, start, commit, builder time."""
+
+    state: _HeadState
+
+    @property
+    def build_seconds(self) -> float:
+        return self.state.build_seconds
+
+    def start(
+        self, input_ids: Sequence[Sequence[int]], first_tokens: np.ndarray, prefill: TargetStep
+    ) -> None:
+        self.state.start(input_ids, first_tokens, prefill)
+
+    def commit(self, trees: TreeBatch, result: Any, step: TargetStep, active: np.ndarray) -> None:
+        self.state.commit(trees, result, step)
+
+
+class EagleDrafter(_HeadDrafter):
     """EAGLE-2/3 dynamic tree drafting with specsched's `DynamicTreeBuilder`.
 
     Candidates are ranked by cumulative log probability of softmax(head logits /
@@ -162,14 +180,10 @@ class EagleDrafter:
         """The greedy chain: top-1 at each of `depth` levels (`depth + 1` verified tokens)."""
         return cls(target, head, topk=1, depth=depth, budget=depth + 1)
 
-    @property
-    def build_seconds(self) -> float:
-        return self.state.build_seconds
-
     def start(
         self, input_ids: Sequence[Sequence[int]], first_tokens: np.ndarray, prefill: TargetStep
     ) -> None:
-        self.state.start(input_ids, first_tokens, prefill)
+        super().start(input_ids, first_tokens, prefill)
         self.builder = DynamicTreeBuilder(len(input_ids), self.topk, self.depth, self.budget)
 
     @torch.inference_mode()
@@ -211,11 +225,8 @@ class EagleDrafter:
         state.build_seconds += clock() - t0
         return trees
 
-    def commit(self, trees: TreeBatch, result: Any, step: TargetStep, active: np.ndarray) -> None:
-        self.state.commit(trees, result, step)
 
-
-class EagleStaticDrafter:
+class EagleStaticDrafter(_HeadDrafter):
     """A fixed tree (choice paths) whose rank-r children take the head's r-th candidate."""
 
     def __init__(
@@ -239,15 +250,6 @@ class EagleStaticDrafter:
         self.levels = [np.flatnonzero(depths == t) for t in range(int(depths.max()) + 1)]
         self.ancestors = torch.as_tensor(self.topology.attention_mask()[:, 1:])
         self.state = _HeadState(target, head, headroom)
-
-    @property
-    def build_seconds(self) -> float:
-        return self.state.build_seconds
-
-    def start(
-        self, input_ids: Sequence[Sequence[int]], first_tokens: np.ndarray, prefill: TargetStep
-    ) -> None:
-        self.state.start(input_ids, first_tokens, prefill)
 
     @torch.inference_mode()
     def propose(self, roots: np.ndarray, active: np.ndarray) -> TreeBatch:
@@ -284,6 +286,3 @@ class EagleStaticDrafter:
         )
         state.build_seconds += time.perf_counter() - t0
         return trees
-
-    def commit(self, trees: TreeBatch, result: Any, step: TargetStep, active: np.ndarray) -> None:
-        self.state.commit(trees, result, step)

@@ -344,33 +344,24 @@ class TinyTarget:
 
     @torch.inference_mode()
     def forward_tree(self, trees: Any) -> Any:
-        from specsched.generate import TargetStep
+        from specsched.generate import TargetStep, pad_trees
 
         b, n = trees.num_trees, trees.max_nodes
-        offsets = trees.offsets
-        sizes = np.diff(offsets)
         self._reserve(b, int(self.lengths.max()) + n)
-        # Scatter the flat trees into a padded [B, n] batch; padding rows see only themselves.
-        row_of = np.repeat(np.arange(b), sizes)
-        col_of = np.arange(trees.num_nodes) - np.repeat(offsets[:-1], sizes)
-        tokens = np.zeros((b, n), dtype=np.int64)
-        tokens[row_of, col_of] = trees.tokens
-        positions = np.repeat(self.lengths[:, None], n, axis=1)
-        positions[row_of, col_of] = trees.positions(self.lengths)
-        tree_mask = trees.padded_mask() | np.eye(n, dtype=bool)[None]
+        padded = pad_trees(trees, self.lengths)
         dev = self.device
         lengths = torch.as_tensor(self.lengths, device=dev)
-        write_at = lengths[:, None] + torch.arange(n, device=dev)
-        mask = cache_mask(lengths, torch.as_tensor(tree_mask, device=dev))
+        write_at = lengths[:, None] + torch.arange(n, device=dev)  # node i at L_b + i
+        mask = cache_mask(lengths, torch.as_tensor(padded.tree_mask, device=dev))
         logits, features = self.model.step(
-            torch.as_tensor(tokens, device=dev),
-            torch.as_tensor(positions, device=dev),
+            torch.as_tensor(padded.tokens, device=dev),
+            torch.as_tensor(padded.positions, device=dev),
             write_at,
             mask,
             self.cache,
         )
-        rows = torch.as_tensor(row_of, device=dev)
-        cols = torch.as_tensor(col_of, device=dev)
+        rows = torch.as_tensor(padded.rows, device=dev)
+        cols = torch.as_tensor(padded.cols, device=dev)
         return TargetStep(logits[rows, cols], features[rows, cols])
 
     def accept(self, result: Any) -> None:
