@@ -179,17 +179,18 @@ class TinyLM(nn.Module):
         write_at: torch.Tensor,
         mask: torch.Tensor,
         cache: torch.Tensor,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    ) -> torch.Tensor:
         """Cached pass: `tokens`, rotary `positions` and cache indices `write_at`, all
         `[B, n]`; `mask` bool `[B, n, span]` over the cache's first `span` entries (after
-        this call's writes); `cache [layers, 2, B, H, S, D]`."""
+        this call's writes); `cache [layers, 2, B, H, S, D]`. Returns the features `[B, n, d]`:
+        callers apply `logits` to the rows they need (the LM head is the widest matmul, and
+        padding or prompt rows need none)."""
         x = self.embed(tokens)
         rope = self.rotary.tables(positions, x.dtype)
         span = mask.shape[-1]
         for layer, block in enumerate(self.blocks):
             x = block(x, rope, mask[:, None], CacheSlot(cache[layer], write_at, span))
-        features = self.norm(x)
-        return self.logits(features), features
+        return self.norm(x)
 
 
 class EagleHead(nn.Module):
@@ -334,13 +335,13 @@ class TinyTarget:
         self._reserve(b, width)
         positions = torch.arange(width).expand(b, width).to(self.device)
         causal = torch.ones((width, width), dtype=torch.bool).tril().expand(b, width, width)
-        logits, features = self.model.step(
+        features = self.model.step(
             tokens.to(self.device), positions, positions, causal.to(self.device), self.cache
         )
         last = torch.as_tensor(lens - 1, device=self.device)
         rows = torch.arange(b, device=self.device)
         self.lengths = lens
-        return TargetStep(logits[rows, last], features)
+        return TargetStep(self.model.logits(features[rows, last]), features)
 
     @torch.inference_mode()
     def forward_tree(self, trees: Any) -> Any:
@@ -353,7 +354,7 @@ class TinyTarget:
         lengths = torch.as_tensor(self.lengths, device=dev)
         write_at = lengths[:, None] + torch.arange(n, device=dev)  # node i at L_b + i
         mask = cache_mask(lengths, torch.as_tensor(padded.tree_mask, device=dev))
-        logits, features = self.model.step(
+        features = self.model.step(
             torch.as_tensor(padded.tokens, device=dev),
             torch.as_tensor(padded.positions, device=dev),
             write_at,
@@ -362,7 +363,8 @@ class TinyTarget:
         )
         rows = torch.as_tensor(padded.rows, device=dev)
         cols = torch.as_tensor(padded.cols, device=dev)
-        return TargetStep(logits[rows, cols], features[rows, cols])
+        features = features[rows, cols]  # tree order, padding dropped before the LM head
+        return TargetStep(self.model.logits(features), features)
 
     def accept(self, result: Any) -> None:
         from specsched._kv import compact_kv
