@@ -189,7 +189,8 @@ class EagleDrafter(_HeadDrafter):
     @torch.inference_mode()
     def propose(self, roots: np.ndarray, active: np.ndarray) -> TreeBatch:
         state, builder, k = self.state, self.builder, self.topk
-        assert builder is not None, "start() first"
+        if builder is None:
+            raise RuntimeError("propose: call start() first")
         clock = time.perf_counter
         root_out = state.feed_pending()
         top = state.draft_logprobs(root_out).topk(k, dim=-1)
