@@ -98,6 +98,7 @@ def demo_command(args: argparse.Namespace) -> int:
         if reference is None:
             reference = run.tokens
         rows.append(_row(name, run, reference))
+        rows[-1]["numeric_tie"] = _numeric_tie(target, prompts, reference, run.tokens)
     tree_drafter = f"eagle dynamic tree, {args.budget} nodes"
     sampled = [
         generate(
@@ -131,7 +132,32 @@ def demo_command(args: argparse.Namespace) -> int:
         print(json.dumps(report, indent=2))
     else:
         _print_table(report)
-    return 0 if all(r["identical_to_autoregressive"] for r in rows) else 1
+    ok = all(r["identical_to_autoregressive"] or r["numeric_tie"] for r in rows)
+    return 0 if ok else 1
+
+
+def _numeric_tie(
+    model: Any, prompts: list[list[int]], reference: list[list[int]], got: list[list[int]]
+) -> str | None:
+    """Where `got` leaves the autoregressive `reference`, when every such place is a
+    floating-point tie of the target's two tokens (logits within 1e-4 relative): a tree
+    forward and a one-token forward round differently, so greedy argmax may pick either.
+    None when identical, or when any divergence is not a tie (a real failure)."""
+    import torch
+
+    ties = []
+    for b, (want, have) in enumerate(zip(reference, got, strict=True)):
+        i = next((j for j, (x, y) in enumerate(zip(want, have, strict=False)) if x != y), None)
+        if i is None:
+            continue
+        with torch.inference_mode():
+            context = torch.as_tensor([prompts[b] + want[:i]], device=model.embed.weight.device)
+            logits = model(context)[0][0, -1].double()
+        gap = abs(float(logits[want[i]] - logits[have[i]]))
+        if gap > 1e-4 * max(1.0, float(logits.abs().max())):
+            return None
+        ties.append(f"request {b} token {i}")
+    return ", ".join(ties) or None
 
 
 def _row(name: str, run: Any, reference: list[list[int]]) -> dict[str, Any]:
@@ -168,7 +194,7 @@ def _print_table(report: dict[str, Any]) -> None:
     print(head)
     print("-" * len(head))
     for r in report["greedy"]:
-        same = "yes" if r["identical_to_autoregressive"] else "NO"
+        same = "yes" if r["identical_to_autoregressive"] else "tie" if r["numeric_tie"] else "NO"
         own = (
             f"{r['specsched_us_per_step']:.0f} µs {r['specsched_share_of_target_forward_pct']:.1f}%"
         )
@@ -178,6 +204,9 @@ def _print_table(report: dict[str, Any]) -> None:
             f"{r['target_pct']:>5.0f}% {r['draft_pct']:>4.0f}% {own:>14} {same:>4}"
         )
     print(
+        "\n= AR: output identical to autoregressive greedy decoding (tie: it first differs where "
+        "the target's\ntwo best logits tie in floating point, so either token is the "
+        "target's greedy choice)."
         "\nnodes: tokens verified per request and step; tok/fwd: tokens emitted per target "
         "forward\n(1.00 = autoregressive); accept: draft tokens accepted per step; target, "
         "draft: shares of the\nloop's time; specsched/step: its own time per step (tree "
