@@ -33,22 +33,19 @@ pub fn walk<F>(
 where
     F: FnMut(usize) -> Result<i64>,
 {
-    debug_assert!(accepted.len() > tree.max_depth as usize && emitted.len() == accepted.len());
-    accepted[0] = 0;
-    let mut v = 0usize;
-    let mut k = 0usize;
-    loop {
-        let y = choose(v)?;
-        emitted[k] = y;
-        match tree.children(v).find(|&c| tree.tokens[c] == y) {
-            Some(c) => {
-                k += 1;
-                accepted[k] = c as i32;
-                v = c;
-            }
-            None => return Ok(k),
-        }
-    }
+    // One token per node: accept the first child holding it, else it is the bonus.
+    walk_steps(
+        tree,
+        |v| {
+            let y = choose(v)?;
+            Ok(match tree.children(v).find(|&c| tree.tokens[c] == y) {
+                Some(c) => Step::Accept(c),
+                None => Step::Stop(y),
+            })
+        },
+        accepted,
+        emitted,
+    )
 }
 
 /// Result of verifying one tree.
@@ -271,6 +268,7 @@ pub fn walk_steps<F>(
 where
     F: FnMut(usize) -> Result<Step>,
 {
+    debug_assert!(accepted.len() > tree.max_depth as usize && emitted.len() == accepted.len());
     accepted[0] = 0;
     let mut v = 0usize;
     let mut k = 0usize;
