@@ -96,23 +96,36 @@ def verify(
             posterior_threshold,
             posterior_alpha,
         )
+    if _reduce_on_device(logits, reduce):
+        _check_device_inputs(tree, logits)
+        choice, nan_rows = _torch.device_argmax(logits)
+        return _core.verify_target_tokens(tree, choice, nan_rows)
     if _torch.is_tensor(logits):
-        _torch.check_has_data(logits, "logits")
-        on_device = logits.device.type != "cpu"
-        if on_device and reduce == "host":
-            raise ValueError(
-                f"reduce: 'host' needs logits in CPU memory, got a tensor on {logits.device}"
-            )
-        if on_device or reduce == "device":
-            _check_tree(tree)
-            _torch.check_logits(logits, tree.num_nodes)
-            choice, nan_rows = _torch.device_argmax(logits)
-            return _core.verify_target_tokens(tree, choice, nan_rows)
         array, dtype = _torch.cpu_view(logits)
         return _core.verify_greedy(tree, array, dtype)
-    if reduce == "device":
-        raise ValueError("reduce: 'device' needs torch logits")
     return _core.verify_greedy(tree, logits)
+
+
+def _reduce_on_device(logits: Any, reduce: Reduce) -> bool:
+    """Whether `logits` are reduced on their torch device (CUDA, or `reduce="device"`);
+    `reduce` must fit where they live."""
+    if not _torch.is_tensor(logits):
+        if reduce == "device":
+            raise ValueError("reduce: 'device' needs torch logits")
+        return False
+    _torch.check_has_data(logits, "logits")
+    on_device = bool(logits.device.type != "cpu")
+    if on_device and reduce == "host":
+        raise ValueError(
+            f"reduce: 'host' needs logits in CPU memory, got a tensor on {logits.device}"
+        )
+    return on_device or reduce == "device"
+
+
+def _check_device_inputs(tree: Any, logits: Any) -> None:
+    """What Rust would check of host logits, for logits reduced on the device."""
+    _check_tree(tree)
+    _torch.check_logits(logits, tree.num_nodes)
 
 
 def _check_tree(tree: Any) -> None:
@@ -188,26 +201,17 @@ def _verify_sampled(
         if isinstance(x, bool) or not isinstance(x, (int, float, np.integer, np.floating)):
             raise TypeError(f"{name}: expected a float, got {type(x).__name__}")
     dtype = None
-    if _torch.is_tensor(logits):
-        _torch.check_has_data(logits, "logits")
-        on_device = logits.device.type != "cpu"
-        if on_device and reduce == "host":
+    if _reduce_on_device(logits, reduce):
+        if core_rule != "match":
             raise ValueError(
-                f"reduce: 'host' needs logits in CPU memory, got a tensor on {logits.device}"
+                f"reduce: the device path samples deterministic drafts only; rule "
+                f"{core_rule!r} needs logits (and draft_probs) in CPU memory"
             )
-        if on_device or reduce == "device":
-            if core_rule != "match":
-                raise ValueError(
-                    f"reduce: the device path samples deterministic drafts only; rule "
-                    f"{core_rule!r} needs logits (and draft_probs) in CPU memory"
-                )
-            _check_tree(tree)
-            _torch.check_logits(logits, tree.num_nodes)
-            choice, nan_rows = _torch.device_sample(logits, tree, temps, ks, ps, seed)
-            return _core.verify_target_tokens(tree, choice, nan_rows)
+        _check_device_inputs(tree, logits)
+        choice, nan_rows = _torch.device_sample(logits, tree, temps, ks, ps, seed)
+        return _core.verify_target_tokens(tree, choice, nan_rows)
+    if _torch.is_tensor(logits):
         logits, dtype = _torch.cpu_view(logits)
-    elif reduce == "device":
-        raise ValueError("reduce: 'device' needs torch logits")
     if draft_probs is not None and _torch.is_tensor(draft_probs):
         if draft_probs.device.type != "cpu":
             raise ValueError(
