@@ -27,7 +27,7 @@ import torch
 
 from specsched._core import DynamicTreeBuilder, Tree, TreeBatch
 from specsched.generate import TargetStep
-from specsched.models.tiny import EagleHead, TinyLM, cache_mask
+from specsched.models.tiny import EagleHead, TinyLM, cache_mask, grow_seq
 
 
 class _HeadState:
@@ -53,9 +53,9 @@ class _HeadState:
     ) -> None:
         b = len(prompts)
         cfg = self.head.cfg
-        self.cache = torch.zeros(
-            (2, b, cfg.n_heads, self.headroom, cfg.head_dim), dtype=self.dtype, device=self.device
-        )
+        shape = (2, b, cfg.n_heads, 0, cfg.head_dim)
+        empty = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        self.cache = grow_seq(empty, 3, 1, self.headroom)
         self.lengths = torch.zeros(b, dtype=torch.int64, device=self.device)
         features = prefill.features
         self.pending_features = [features[i, : len(p)] for i, p in enumerate(prompts)]
@@ -63,21 +63,6 @@ class _HeadState:
             torch.as_tensor([*p[1:], int(first_tokens[i])], device=self.device)
             for i, p in enumerate(prompts)
         ]
-
-    def reserve(self, needed: int) -> None:
-        if self.cache.shape[3] >= needed:
-            return
-        grown = torch.zeros(
-            (
-                *self.cache.shape[:3],
-                max(needed + self.headroom, 2 * self.cache.shape[3]),
-                self.cache.shape[4],
-            ),
-            dtype=self.dtype,
-            device=self.device,
-        )
-        grown[:, :, :, : self.cache.shape[3]] = self.cache
-        self.cache = grown
 
     def draft_logprobs(self, predicted: torch.Tensor) -> torch.Tensor:
         logits = self.target.logits(predicted).float()
@@ -94,7 +79,8 @@ class _HeadState:
         """One head forward over `[B, n]` inputs written at `lengths + columns` (columns
         `[n]` or `[B, n]`), attending to the committed entries and `tree_mask [B, n, m]` over
         the tree columns `lengths + 0..m`."""
-        self.reserve(int(self.lengths.max()) + tree_mask.shape[-1])
+        needed = int(self.lengths.max()) + tree_mask.shape[-1]
+        self.cache = grow_seq(self.cache, 3, needed, self.headroom)
         write_at = self.lengths[:, None] + columns
         return self.head.step(
             features,
@@ -247,8 +233,25 @@ class EagleStaticDrafter(_HeadDrafter):
         for v in range(1, n):  # siblings are ordered by node index: rank = order of appearance
             ranks[v] = seen.get(int(parents[v]), 0)
             seen[int(parents[v])] = ranks[v] + 1
-        self.parents, self.ranks = np.asarray(parents), ranks
-        self.levels = [np.flatnonzero(depths == t) for t in range(int(depths.max()) + 1)]
+        self.parents = np.asarray(parents)
+        # Per level t >= 1, fixed by the topology: its nodes, their parents, the distinct
+        # parents (whose head outputs give the candidates), each node's slot among those
+        # parents, its sibling rank, and how many candidates per parent the level needs.
+        self.levels = []
+        for t in range(1, int(depths.max()) + 1):
+            nodes = np.flatnonzero(depths == t)
+            node_parents = self.parents[nodes]
+            sources = np.unique(node_parents)
+            self.levels.append(
+                (
+                    nodes,
+                    node_parents,
+                    sources,
+                    np.searchsorted(sources, node_parents),
+                    ranks[nodes],
+                    int(ranks[nodes].max()) + 1,
+                )
+            )
         self.ancestors = torch.as_tensor(self.topology.attention_mask()[:, 1:])
         self.state = _HeadState(target, head, headroom)
 
@@ -262,14 +265,11 @@ class EagleStaticDrafter(_HeadDrafter):
         outputs = torch.zeros((b, n, state.head.cfg.d_model), dtype=state.dtype, device=dev)
         outputs[:, 0] = state.feed_pending()
         ancestors = self.ancestors.to(dev)
-        for depth, nodes in enumerate(self.levels[1:], start=1):
-            parents = self.parents[nodes]
-            need = int(self.ranks[nodes].max()) + 1
-            cands = state.draft_logprobs(outputs[:, np.unique(parents)]).topk(need, dim=-1)
-            slot = torch.as_tensor(np.searchsorted(np.unique(parents), parents), device=dev)
-            rank = torch.as_tensor(self.ranks[nodes], device=dev)
-            tokens[:, nodes] = cands.indices[:, slot, rank]
-            if depth == len(self.levels) - 1:
+        for depth, (nodes, parents, sources, slot, rank, need) in enumerate(self.levels, 1):
+            cands = state.draft_logprobs(outputs[:, sources]).topk(need, dim=-1)
+            slots, ranks = torch.as_tensor(slot, device=dev), torch.as_tensor(rank, device=dev)
+            tokens[:, nodes] = cands.indices[:, slots, ranks]
+            if depth == len(self.levels):
                 break  # leaves are verified, never fed
             columns = torch.as_tensor(nodes - 1, device=dev)
             outputs[:, nodes] = state.feed(

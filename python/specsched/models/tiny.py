@@ -275,6 +275,22 @@ def config_dict(cfg: TinyConfig) -> dict[str, Any]:
 # --- the target in the decode loop -----------------------------------------------------------
 
 
+def grow_seq(cache: torch.Tensor, seq_dim: int, needed: int, headroom: int) -> torch.Tensor:
+    """`cache` with room for at least `needed` entries along `seq_dim`: itself when it has
+    them, else a zeroed copy of `max(needed + headroom, 2 * held)` entries (amortized
+    doubling). Always a normal tensor, even under inference mode: compaction writes it outside
+    (on CUDA with `index_copy_`, which an inference tensor refuses)."""
+    held = cache.shape[seq_dim]
+    if held >= needed:
+        return cache
+    shape = list(cache.shape)
+    shape[seq_dim] = max(needed + headroom, 2 * held)
+    with torch.inference_mode(False):
+        grown = cache.new_zeros(shape)
+        grown.narrow(seq_dim, 0, held).copy_(cache)
+    return grown
+
+
 def cache_mask(lengths: torch.Tensor, tree_mask: torch.Tensor) -> torch.Tensor:
     """bool `[B, n, span]`: query i of row b sees cache entries `< lengths[b]` (committed) and
     the new entries `lengths[b] + j` with `tree_mask[b, i, j]` (`tree_mask` bool `[B, n, m]`);
@@ -303,24 +319,7 @@ class TinyTarget:
     def vocab_size(self) -> int:
         return self.model.cfg.vocab_size
 
-    def _reserve(self, batch: int, needed: int) -> None:
-        """Grows the cache so sequence index `needed - 1` exists (amortized doubling)."""
-        if self.cache.dim() == 6 and self.cache.shape[2] == batch and self.cache.shape[4] >= needed:
-            return
-        cfg = self.model.cfg
-        held = self.cache.shape[4] if self.cache.dim() == 6 else 0
-        size = max(needed + self.headroom, 2 * held)
-        # A normal tensor even when called under inference mode: `accept` compacts it outside
-        # (on CUDA with index_copy_, which an inference tensor refuses).
-        with torch.inference_mode(False):
-            grown = torch.zeros(
-                (cfg.n_layers, 2, batch, cfg.n_heads, size, cfg.head_dim),
-                dtype=self.dtype,
-                device=self.device,
-            )
-            if self.cache.dim() == 6 and self.cache.shape[2] == batch:
-                grown[:, :, :, :, : self.cache.shape[4]] = self.cache
-        self.cache = grown
+    SEQ_DIM, BATCH_DIM = 4, 2  # of the cache [layers, 2, B, H, S, D]
 
     @torch.inference_mode()
     def prefill(self, input_ids: Any) -> Any:
@@ -331,8 +330,11 @@ class TinyTarget:
         tokens = torch.zeros((b, width), dtype=torch.int64)
         for i, prompt in enumerate(input_ids):
             tokens[i, : len(prompt)] = torch.as_tensor(prompt)
-        self.cache = torch.empty(0)
-        self._reserve(b, width)
+        cfg = self.model.cfg
+        empty = torch.zeros(
+            (cfg.n_layers, 2, b, cfg.n_heads, 0, cfg.head_dim), dtype=self.dtype, device=self.device
+        )
+        self.cache = grow_seq(empty, self.SEQ_DIM, width, self.headroom)
         positions = torch.arange(width).expand(b, width).to(self.device)
         causal = torch.ones((width, width), dtype=torch.bool).tril().expand(b, width, width)
         features = self.model.step(
@@ -347,8 +349,12 @@ class TinyTarget:
     def forward_tree(self, trees: Any) -> Any:
         from specsched.generate import TargetStep, pad_trees
 
-        b, n = trees.num_trees, trees.max_nodes
-        self._reserve(b, int(self.lengths.max()) + n)
+        n = trees.max_nodes
+        if trees.num_trees != self.lengths.shape[0]:
+            raise ValueError(
+                f"trees: {trees.num_trees} trees for a batch of {self.lengths.shape[0]} rows"
+            )
+        self.cache = grow_seq(self.cache, self.SEQ_DIM, int(self.lengths.max()) + n, self.headroom)
         padded = pad_trees(trees, self.lengths)
         dev = self.device
         lengths = torch.as_tensor(self.lengths, device=dev)
@@ -369,5 +375,5 @@ class TinyTarget:
     def accept(self, result: Any) -> None:
         from specsched._kv import compact_kv
 
-        compact_kv(self.cache, result, self.lengths, seq_dim=4, batch_dim=2)
+        compact_kv(self.cache, result, self.lengths, seq_dim=self.SEQ_DIM, batch_dim=self.BATCH_DIM)
         self.lengths = self.lengths + result.num_accepted.astype(np.int64) + 1
