@@ -173,6 +173,108 @@ pub fn check_seq_lens(seq_lens: ArrayView1<'_, i64>) -> Result<Vec<usize>> {
         .collect()
 }
 
+/// One request's tree, rebuilt in place for each request of a batch (no per-request
+/// allocation).
+struct RequestTree {
+    parent: Vec<usize>,
+    depth: Vec<i64>,
+    /// `node_of[g]` is the node of pool candidate `g`, valid when `stamp[g]` is the current
+    /// request's tag: an O(1) parent lookup with no per-request reset.
+    node_of: Vec<u32>,
+    stamp: Vec<u32>,
+    topk: i64,
+    /// Rows as plain slices, copied here when the caller's rows are strided: ndarray indexing
+    /// per node costs more than the work per node.
+    sel_buf: Vec<i64>,
+    pl_buf: Vec<i64>,
+}
+
+impl RequestTree {
+    fn new(n: usize, pool: usize, topk: i64, width: usize) -> Self {
+        Self {
+            parent: vec![0; n],
+            depth: vec![0; n],
+            node_of: vec![0; pool],
+            stamp: vec![0; pool],
+            topk,
+            sel_buf: vec![0; n - 1],
+            pl_buf: vec![0; width],
+        }
+    }
+
+    /// Links request `b`'s nodes to their parents, or names the first node that is not part of
+    /// a tree.
+    #[inline(never)]
+    fn link(&mut self, b: usize, sel: ArrayView1<'_, i64>, pl: ArrayView1<'_, i64>) -> Result<()> {
+        let sel = row_slice(sel, &mut self.sel_buf);
+        let pl = row_slice(pl, &mut self.pl_buf);
+        let Self {
+            parent,
+            depth,
+            node_of,
+            stamp,
+            topk,
+            ..
+        } = self;
+        let (pool, topk, tag) = (stamp.len() as i64, *topk, b as u32 + 1);
+        let mut prev = -1i64;
+        // Candidates of one draft slot (`g / topk`) share a parent, and the selection is
+        // sorted: the parent is looked up once per slot, not once per node.
+        let (mut slot_end, mut p) = (topk, 0usize);
+        for (i, &g) in (1..).zip(sel) {
+            if g < 0 || g >= pool {
+                return Err(Error::index(
+                    "top_scores_index",
+                    format!("request {b}, node {i}: candidate {g} is outside the pool [0, {pool})"),
+                ));
+            }
+            if g <= prev {
+                return Err(Error::value(
+                    "top_scores_index",
+                    format!(
+                        "request {b}, node {i}: candidate {g} does not follow {prev} (the \
+                         selection must be sorted and without repeats)"
+                    ),
+                ));
+            }
+            prev = g;
+            if g >= slot_end {
+                let slot = g / topk;
+                slot_end = (slot + 1) * topk;
+                let Some(&pg) = pl.get(slot as usize) else {
+                    return Err(Error::index(
+                        "parent_list",
+                        format!(
+                            "request {b}, node {i}: candidate {g} needs parent_list[{b}, {slot}] \
+                             but parent_list has {} columns",
+                            pl.len()
+                        ),
+                    ));
+                };
+                // Candidates are stamped as they are placed, so a parent that is selected
+                // before node i is found in O(1); anything else is not a tree.
+                p = match usize::try_from(pg) {
+                    Ok(q) if q < stamp.len() && stamp[q] == tag => node_of[q] as usize,
+                    _ => {
+                        return Err(Error::value(
+                            "top_scores_index",
+                            format!(
+                                "invalid eagle tree: request {b}, node {i} (candidate {g}) has \
+                                 parent candidate {pg}, which is not selected before it"
+                            ),
+                        ))
+                    }
+                };
+            }
+            parent[i] = p;
+            depth[i] = depth[p] + 1;
+            stamp[g as usize] = tag;
+            node_of[g as usize] = i as u32;
+        }
+        Ok(())
+    }
+}
+
 /// `build_tree_kernel_efficient` (sgl-kernel `build_tree_efficient`): the tree of each request
 /// from `parent_list` (`[bs, W]`) and the sorted selection `selected_index` (`[bs, N - 1]`).
 /// Node 0 is the root (the verified token); node `i >= 1` is candidate `selected_index[b, i-1]`.
@@ -239,99 +341,22 @@ pub fn build_tree(
         retrive_next_token,
         retrive_next_sibling,
     } = out;
-    let mut parent = vec![0usize; n];
-    let mut depth = vec![0i64; n];
+    let mut tree = RequestTree::new(n, pool as usize, topk as i64, width);
     let mut full_base = 0usize;
-    // Rows as plain slices (copied once when the caller's rows are strided): ndarray slicing
-    // per node costs more than the search itself.
-    let mut sel_buf = vec![0i64; n - 1];
-    let mut pl_buf = vec![0i64; width];
-    // node_of[g] = node index of pool candidate g, valid when stamp[g] == b + 1: an O(1)
-    // parent lookup with no per-request reset.
-    let mut node_of = vec![0u32; pool as usize];
-    let mut stamp = vec![0u32; pool as usize];
     for (b, &seq_len) in seq_lens.iter().enumerate() {
-        let sel_row = selected_index.row(b);
-        let sel: &[i64] = match sel_row.as_slice() {
-            Some(s) => s,
-            None => {
-                sel_buf
-                    .iter_mut()
-                    .zip(sel_row.iter())
-                    .for_each(|(d, &x)| *d = x);
-                &sel_buf
-            }
-        };
-        let pl_row = parent_list.row(b);
-        let pl: &[i64] = match pl_row.as_slice() {
-            Some(s) => s,
-            None => {
-                pl_buf
-                    .iter_mut()
-                    .zip(pl_row.iter())
-                    .for_each(|(d, &x)| *d = x);
-                &pl_buf
-            }
-        };
-        for i in 1..n {
-            let g = sel[i - 1];
-            if g < 0 || g >= pool {
-                return Err(Error::index(
-                    "top_scores_index",
-                    format!("request {b}, node {i}: candidate {g} is outside the pool [0, {pool})"),
-                ));
-            }
-            if i >= 2 && g <= sel[i - 2] {
-                return Err(Error::value(
-                    "top_scores_index",
-                    format!(
-                        "request {b}, node {i}: candidate {g} does not follow {} (the selection \
-                         must be sorted and without repeats)",
-                        sel[i - 2]
-                    ),
-                ));
-            }
-            let tb = (g as usize) / topk;
-            let p = if tb == 0 {
-                0
-            } else {
-                if tb >= width {
-                    return Err(Error::index(
-                        "parent_list",
-                        format!(
-                            "request {b}, node {i}: candidate {g} needs parent_list[{b}, {tb}] \
-                             but parent_list has {width} columns"
-                        ),
-                    ));
-                }
-                let pg = pl[tb];
-                // Candidates are stamped as they are placed, so a parent that is selected
-                // before node i is found in O(1); anything else is not a tree.
-                match usize::try_from(pg) {
-                    Ok(q) if q < stamp.len() && stamp[q] == b as u32 + 1 => node_of[q] as usize,
-                    _ => {
-                        return Err(Error::value(
-                            "top_scores_index",
-                            format!(
-                                "invalid eagle tree: request {b}, node {i} (candidate {g}) has \
-                                 parent candidate {pg}, which is not selected before it"
-                            ),
-                        ))
-                    }
-                }
-            };
-            parent[i] = p;
-            depth[i] = depth[p] + 1;
-            stamp[g as usize] = b as u32 + 1;
-            node_of[g as usize] = i as u32;
-        }
+        tree.link(b, selected_index.row(b), parent_list.row(b))?;
+        let RequestTree { parent, depth, .. } = &tree;
         let row0 = b * n;
         let s = seq_len as i64;
         retrive_next_token[row0..row0 + n].fill(-1);
         retrive_next_sibling[row0..row0 + n].fill(-1);
-        for i in 0..n {
-            positions[row0 + i] = s + depth[i];
-            retrive_index[row0 + i] = (row0 + i) as i64;
+        for (i, (pos, ri)) in positions[row0..row0 + n]
+            .iter_mut()
+            .zip(&mut retrive_index[row0..row0 + n])
+            .enumerate()
+        {
+            *pos = s + depth[i];
+            *ri = (row0 + i) as i64;
         }
         for i in (1..n).rev() {
             let p = row0 + parent[i];
@@ -342,16 +367,28 @@ pub fn build_tree(
             MaskOut::Full(m) => {
                 let cols = seq_len + n;
                 let seg = &mut m[full_base..full_base + n * cols];
-                fill_rows(seg, cols, seq_len, &parent);
+                fill_rows(seg, cols, seq_len, parent);
                 full_base += n * cols;
             }
-            MaskOut::Qlen(m) => fill_rows(&mut m[row0 * n..(row0 + n) * n], n, 0, &parent),
-            MaskOut::Packed8(m) => fill_words(&mut m[row0..row0 + n], &parent, |i| 1u8 << i),
-            MaskOut::Packed16(m) => fill_words(&mut m[row0..row0 + n], &parent, |i| 1u16 << i),
-            MaskOut::Packed32(m) => fill_words(&mut m[row0..row0 + n], &parent, |i| 1u32 << i),
+            MaskOut::Qlen(m) => fill_rows(&mut m[row0 * n..(row0 + n) * n], n, 0, parent),
+            MaskOut::Packed8(m) => fill_words(&mut m[row0..row0 + n], parent, |i| 1u8 << i),
+            MaskOut::Packed16(m) => fill_words(&mut m[row0..row0 + n], parent, |i| 1u16 << i),
+            MaskOut::Packed32(m) => fill_words(&mut m[row0..row0 + n], parent, |i| 1u32 << i),
         }
     }
     Ok(())
+}
+
+/// A request row's elements as one slice: borrowed when the row is contiguous, else copied
+/// into `buf` (ndarray indexing per element costs more than the work done per element).
+fn row_slice<'a>(row: ArrayView1<'a, i64>, buf: &'a mut [i64]) -> &'a [i64] {
+    match row.to_slice() {
+        Some(s) => s,
+        None => {
+            buf.iter_mut().zip(row.iter()).for_each(|(d, &x)| *d = x);
+            buf
+        }
+    }
 }
 
 /// Dense rows of `cols` bools: `prefix` leading Trues, then the tree part. A row's tree part is
