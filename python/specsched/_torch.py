@@ -50,6 +50,21 @@ def cpu_view(t: torch.Tensor) -> tuple[np.ndarray, str | None]:
         raise TypeError(f"logits: unsupported dtype {t.dtype} ({e})") from None
 
 
+def host_view(t: torch.Tensor) -> Any:
+    """A numpy view of a CPU tensor numpy can hold (same memory); the tensor itself on other
+    devices and for bfloat16.
+
+    For a target to hand its logits (and cache) to specsched right after its forward: the
+    conversion then runs while torch's code is still in the CPU caches (~2 µs), instead of at
+    specsched's next call, after the forward has evicted them (15-35 µs on a 2-core VM).
+    """
+    import torch
+
+    if t.device.type != "cpu" or t.dtype == torch.bfloat16:
+        return t
+    return t.detach().numpy()
+
+
 def raw_cpu_view(t: torch.Tensor) -> np.ndarray:
     """A numpy view of any CPU tensor's bytes, for dtype-agnostic in-place moves."""
     import torch

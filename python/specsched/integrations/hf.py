@@ -36,6 +36,7 @@ import torch
 
 from specsched._core import BatchVerifyResult, TreeBatch
 from specsched._kv import compact_kv
+from specsched._torch import host_view
 from specsched.generate import TargetStep, pad_trees
 
 
@@ -208,7 +209,7 @@ class HFTarget:
         self.lengths = lens
         rows = torch.arange(b, device=out.logits.device)
         last = torch.as_tensor(lens - 1, device=out.logits.device)
-        return TargetStep(out.logits[rows, last], self._features(out))
+        return TargetStep(host_view(out.logits[rows, last]), self._features(out))
 
     @torch.no_grad()
     def forward_tree(self, trees: TreeBatch) -> TargetStep:
@@ -235,7 +236,7 @@ class HFTarget:
         cols = torch.as_tensor(padded.cols, device=out.logits.device)
         features = self._features(out)
         return TargetStep(
-            out.logits[rows, cols], None if features is None else features[rows, cols]
+            host_view(out.logits[rows, cols]), None if features is None else features[rows, cols]
         )
 
     @torch.no_grad()

@@ -33,6 +33,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from specsched._torch import host_view
+
 WEIGHTS_DIR = Path(__file__).parent / "tiny_stdlib"
 
 
@@ -305,7 +307,11 @@ def cache_mask(lengths: torch.Tensor, tree_mask: torch.Tensor) -> torch.Tensor:
 
 class TinyTarget:
     """`TinyLM` as a `specsched.generate.TargetModel`: one cache tensor
-    `[layers, 2, B, H, S, D]`, compacted by one `specsched.compact_kv` call per step."""
+    `[layers, 2, B, H, S, D]`, compacted by one `specsched.compact_kv` call per step.
+
+    On the CPU it hands specsched numpy views of its logits and cache (`_torch.host_view`),
+    made right after the forward while torch's code is still in the CPU caches.
+    """
 
     def __init__(self, model: TinyLM, *, headroom: int = 256) -> None:
         self.model = model
@@ -313,6 +319,7 @@ class TinyTarget:
         param = next(model.parameters())
         self.device, self.dtype = param.device, param.dtype
         self.cache = torch.empty(0)
+        self.cache_host: Any = None  # numpy view of `cache` (CPU), or the tensor itself
         self.lengths = np.zeros(0, dtype=np.int64)
 
     @property
@@ -343,7 +350,8 @@ class TinyTarget:
         last = torch.as_tensor(lens - 1, device=self.device)
         rows = torch.arange(b, device=self.device)
         self.lengths = lens
-        return TargetStep(self.model.logits(features[rows, last]), features)
+        self.cache_host = host_view(self.cache)
+        return TargetStep(host_view(self.model.logits(features[rows, last])), features)
 
     @torch.inference_mode()
     def forward_tree(self, trees: Any) -> Any:
@@ -354,7 +362,9 @@ class TinyTarget:
             raise ValueError(
                 f"trees: {trees.num_trees} trees for a batch of {self.lengths.shape[0]} rows"
             )
-        self.cache = grow_seq(self.cache, self.SEQ_DIM, int(self.lengths.max()) + n, self.headroom)
+        cache = grow_seq(self.cache, self.SEQ_DIM, int(self.lengths.max()) + n, self.headroom)
+        if cache is not self.cache:
+            self.cache, self.cache_host = cache, host_view(cache)
         padded = pad_trees(trees, self.lengths)
         dev = self.device
         lengths = torch.as_tensor(self.lengths, device=dev)
@@ -370,10 +380,12 @@ class TinyTarget:
         rows = torch.as_tensor(padded.rows, device=dev)
         cols = torch.as_tensor(padded.cols, device=dev)
         features = features[rows, cols]  # tree order, padding dropped before the LM head
-        return TargetStep(self.model.logits(features), features)
+        return TargetStep(host_view(self.model.logits(features)), features)
 
     def accept(self, result: Any) -> None:
         from specsched._kv import compact_kv
 
-        compact_kv(self.cache, result, self.lengths, seq_dim=self.SEQ_DIM, batch_dim=self.BATCH_DIM)
+        compact_kv(
+            self.cache_host, result, self.lengths, seq_dim=self.SEQ_DIM, batch_dim=self.BATCH_DIM
+        )
         self.lengths = self.lengths + result.num_accepted.astype(np.int64) + 1
