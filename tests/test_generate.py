@@ -192,7 +192,11 @@ def test_generation_statistics() -> None:
 
 torch = pytest.importorskip("torch")
 
-from specsched.models.eagle import EagleDrafter, EagleStaticDrafter  # noqa: E402
+from specsched.models.eagle import (  # noqa: E402
+    EagleChainDrafter,
+    EagleDrafter,
+    EagleStaticDrafter,
+)
 from specsched.models.tiny import (  # noqa: E402
     WEIGHTS_DIR,
     EagleHead,
@@ -222,7 +226,7 @@ def shipped() -> tuple[Any, Any]:
 def drafters(target: TinyLM, head: EagleHead) -> dict[str, Any]:
     return {
         "eagle-tree": EagleDrafter(target, head, topk=4, depth=5, budget=24),
-        "eagle-chain": EagleDrafter.chain(target, head, depth=5),
+        "eagle-chain": EagleChainDrafter(target, head, depth=5),
         "eagle-static": EagleStaticDrafter(
             target, head, ss.optimal_tree([0.7, 0.2, 0.1], 16, max_depth=5)[0]
         ),
@@ -241,6 +245,53 @@ def test_shipped_model_greedy_is_autoregressive(shipped: tuple[Any, Any], batch:
         assert spec.tokens == ar.tokens, name
         if name.startswith("eagle"):
             assert spec.mean_accepted > 0.5, name  # the trained head really drafts
+
+
+def test_tiny_target_hands_specsched_zero_copy_host_views(shipped: tuple[Any, Any]) -> None:
+    """On the CPU the target's logits and the cache it compacts are numpy views of its own
+    tensors (made right after the forward), not copies."""
+    target, _ = shipped
+    tt = TinyTarget(target)
+    pre = tt.prefill(PROMPTS)
+    assert isinstance(pre.logits, np.ndarray) and pre.logits.shape == (4, tt.vocab_size)
+    step = tt.forward_tree(root_only(np.array([p[-1] for p in PROMPTS], dtype=np.int64)))
+    assert isinstance(step.logits, np.ndarray) and step.logits.shape == (4, tt.vocab_size)
+    assert isinstance(tt.cache_host, np.ndarray)
+    assert tt.cache_host.ctypes.data == tt.cache.data_ptr()
+    assert tt.cache_host.shape == tuple(tt.cache.shape)
+
+
+def test_chain_drafter_drafts_the_topk1_dynamic_chain(shipped: tuple[Any, Any]) -> None:
+    """The chain drafter skips the builder's per-level calls, not its drafts: each step's
+    trees are the ones `EagleDrafter(topk=1)` builds, and so is the whole generation."""
+    target, head = shipped
+    chain, dynamic = (
+        EagleChainDrafter(target, head, depth=4),
+        EagleDrafter(target, head, topk=1, depth=4, budget=5),
+    )
+    proposed: dict[str, list[tuple[np.ndarray, np.ndarray]]] = {"chain": [], "dynamic": []}
+
+    def recording(name: str, drafter: Any) -> Any:
+        propose = drafter.propose
+
+        def record(roots: np.ndarray, active: np.ndarray) -> ss.TreeBatch:
+            trees = propose(roots, active)
+            proposed[name].append((np.asarray(trees.parents), np.asarray(trees.tokens)))
+            return trees
+
+        drafter.propose = record
+        return drafter
+
+    runs = [
+        generate(TinyTarget(target), recording(name, d), PROMPTS, 24)
+        for name, d in (("chain", chain), ("dynamic", dynamic))
+    ]
+    assert runs[0].tokens == runs[1].tokens
+    assert len(proposed["chain"]) == len(proposed["dynamic"]) > 3
+    for (p1, t1), (p2, t2) in zip(proposed["chain"], proposed["dynamic"], strict=True):
+        np.testing.assert_array_equal(p1, p2)
+        np.testing.assert_array_equal(t1, t2)
+    assert chain.build_seconds > 0
 
 
 def test_shipped_model_ships_its_metrics() -> None:

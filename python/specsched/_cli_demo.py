@@ -52,15 +52,15 @@ def _methods(target: Any, head: Any, budget: int, metrics: dict[str, Any]) -> di
     """
     import specsched as ss
     from specsched.drafting import NgramChainDrafter, SuffixTreeDrafter
-    from specsched.models.eagle import EagleDrafter, EagleStaticDrafter
+    from specsched.models.eagle import EagleChainDrafter, EagleDrafter, EagleStaticDrafter
 
     depth = budget - 1
     temperature = metrics["head_greedy_temperature"]
     static, _ = ss.optimal_tree(metrics["head_rank_acceptance"], budget, max_depth=depth)
     return {
         "autoregressive": None,
-        "eagle chain, 7 nodes": EagleDrafter.chain(target, head, depth=6),
-        f"eagle chain, {budget} nodes": EagleDrafter.chain(target, head, depth=depth),
+        "eagle chain, 7 nodes": EagleChainDrafter(target, head, depth=6),
+        f"eagle chain, {budget} nodes": EagleChainDrafter(target, head, depth=depth),
         f"eagle dynamic tree, {budget} nodes": EagleDrafter(
             target, head, topk=2, depth=depth, budget=budget, temperature=temperature
         ),

@@ -10,8 +10,10 @@ committed lengths only grow by what the target accepted.
 
 - `EagleDrafter`: EAGLE-2/3 dynamic trees. Each level keeps the best `topk` of the `topk²`
   children by cumulative log probability and the final tree is the best `budget - 1`
-  candidates, all bookkeeping in specsched's Rust `DynamicTreeBuilder`. `topk=1` is the
-  greedy chain (`EagleDrafter.chain`).
+  candidates, all bookkeeping in specsched's Rust `DynamicTreeBuilder`.
+- `EagleChainDrafter`: the greedy chain (the head's top-1 at every level, as vLLM's EAGLE
+  proposer drafts). A chain needs no per-level selection, so it crosses into specsched once
+  per step (the chain `TreeBatch`), not once per level.
 - `EagleStaticDrafter`: a fixed topology (choices, e.g. from `specsched.optimal_tree` or a
   published EAGLE/Medusa tree) filled with the head's rank-r candidate at each rank-r child.
 """
@@ -161,11 +163,6 @@ class EagleDrafter(_HeadDrafter):
         self.state = _HeadState(target, head, headroom, temperature)
         self.builder: DynamicTreeBuilder | None = None
 
-    @classmethod
-    def chain(cls, target: TinyLM, head: EagleHead, *, depth: int = 6) -> EagleDrafter:
-        """The greedy chain: top-1 at each of `depth` levels (`depth + 1` verified tokens)."""
-        return cls(target, head, topk=1, depth=depth, budget=depth + 1)
-
     def start(
         self, input_ids: Sequence[Sequence[int]], first_tokens: np.ndarray, prefill: TargetStep
     ) -> None:
@@ -213,6 +210,54 @@ class EagleDrafter(_HeadDrafter):
         return trees
 
 
+class EagleChainDrafter(_HeadDrafter):
+    """The greedy chain: the head's top-1 at each of `depth` levels (`depth + 1` verified
+    tokens). Same drafts as `EagleDrafter(topk=1, depth=depth, budget=depth + 1)`, which pays
+    one builder call per level for a selection a chain does not need."""
+
+    def __init__(self, target: TinyLM, head: EagleHead, *, depth: int = 6, headroom: int = 512):
+        if depth < 1:
+            raise ValueError(f"depth: expected >= 1, got {depth}")
+        self.depth = depth
+        self.state = _HeadState(target, head, headroom)
+        self._layouts: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+
+    @torch.inference_mode()
+    def propose(self, roots: np.ndarray, active: np.ndarray) -> TreeBatch:
+        state, depth = self.state, self.depth
+        dev = state.device
+        b = roots.shape[0]
+        tokens = torch.empty((b, depth + 1), dtype=torch.int64, device=dev)
+        tokens[:, 0] = torch.as_tensor(roots, device=dev)
+        ancestors = torch.ones((b, 1, depth), dtype=torch.bool, device=dev)
+        out = state.feed_pending()  # predicts the feature at the root's position
+        for level in range(1, depth + 1):
+            tokens[:, level] = state.draft_logprobs(out).topk(1, dim=-1).indices[:, 0]
+            if level == depth:
+                break  # the last draft is verified, never fed
+            out = state.feed(
+                out[:, None],
+                tokens[:, level : level + 1],
+                state.lengths[:, None] - 1 + level,
+                torch.tensor([level - 1], device=dev),
+                ancestors[:, :, :level],
+            )[:, 0]
+        flat = tokens.reshape(-1).cpu().numpy()
+        parents, offsets = self._layout(b)
+        t0 = time.perf_counter()
+        trees = TreeBatch.from_flat(parents, flat, offsets)
+        state.build_seconds += time.perf_counter() - t0
+        return trees
+
+    def _layout(self, b: int) -> tuple[np.ndarray, np.ndarray]:
+        """Flat parents and offsets of `b` chains, computed once per batch size."""
+        if b not in self._layouts:
+            n = self.depth + 1
+            chain = np.arange(-1, n - 1, dtype=np.int32)
+            self._layouts[b] = (np.tile(chain, b), np.arange(b + 1, dtype=np.int64) * n)
+        return self._layouts[b]
+
+
 class EagleStaticDrafter(_HeadDrafter):
     """A fixed tree (choice paths) whose rank-r children take the head's r-th candidate."""
 
@@ -254,6 +299,7 @@ class EagleStaticDrafter(_HeadDrafter):
             )
         self.ancestors = torch.as_tensor(self.topology.attention_mask()[:, 1:])
         self.state = _HeadState(target, head, headroom)
+        self._layouts: dict[int, tuple[np.ndarray, np.ndarray]] = {}
 
     @torch.inference_mode()
     def propose(self, roots: np.ndarray, active: np.ndarray) -> TreeBatch:
@@ -279,11 +325,18 @@ class EagleStaticDrafter(_HeadDrafter):
                 columns,
                 ancestors[nodes][:, : int(nodes.max())].expand(b, -1, -1),
             )
+        flat = tokens.reshape(-1).cpu().numpy()
+        parents, offsets = self._layout(b)
         t0 = time.perf_counter()
-        trees = TreeBatch.from_flat(
-            np.tile(self.parents.astype(np.int32), b),
-            tokens.reshape(-1).cpu().numpy(),
-            np.arange(b + 1, dtype=np.int64) * n,
-        )
+        trees = TreeBatch.from_flat(parents, flat, offsets)
         state.build_seconds += time.perf_counter() - t0
         return trees
+
+    def _layout(self, b: int) -> tuple[np.ndarray, np.ndarray]:
+        """Flat parents and offsets of `b` copies of the topology, computed once per batch
+        size."""
+        if b not in self._layouts:
+            n = self.topology.num_nodes
+            parents = np.tile(self.parents.astype(np.int32), b)
+            self._layouts[b] = (parents, np.arange(b + 1, dtype=np.int64) * n)
+        return self._layouts[b]
