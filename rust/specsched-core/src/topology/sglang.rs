@@ -392,37 +392,17 @@ fn row_slice<'a>(row: ArrayView1<'a, i64>, buf: &'a mut [i64]) -> &'a [i64] {
 }
 
 /// Dense rows of `cols` bools: `prefix` leading Trues, then the tree part. A row's tree part is
-/// its parent's (complete: parents come first) plus its own bit, copied in fixed 32-byte blocks
-/// that compile to vector moves (a runtime-length copy per row costs a library call).
+/// its parent's (complete: parents come first) plus its own bit.
 fn fill_rows(seg: &mut [bool], cols: usize, prefix: usize, parent: &[usize]) {
-    let n = parent.len();
-    for (i, &p) in parent.iter().enumerate().take(n) {
-        let (done, rest) = seg.split_at_mut(i * cols);
-        let row = &mut rest[..cols];
-        let (head, tree) = row.split_at_mut(prefix);
-        if prefix > 0 {
-            head.fill(true);
-        }
+    for (i, &p) in parent.iter().enumerate() {
+        let row = i * cols;
+        seg[row..row + prefix].fill(true);
         if i == 0 {
-            tree.fill(false);
+            seg[row + prefix..row + cols].fill(false);
         } else {
-            copy_blocks(tree, &done[p * cols + prefix..p * cols + cols]);
+            seg.copy_within(p * cols + prefix..(p + 1) * cols, row + prefix);
         }
-        tree[i] = true;
-    }
-}
-
-fn copy_blocks(dst: &mut [bool], src: &[bool]) {
-    let mut d = dst.chunks_exact_mut(32);
-    let mut s = src.chunks_exact(32);
-    for (a, b) in (&mut d).zip(&mut s) {
-        if let (Ok(a), Ok(b)) = (<&mut [bool; 32]>::try_from(a), <&[bool; 32]>::try_from(b)) {
-            *a = *b;
-        }
-    }
-    let (a, b) = (d.into_remainder(), s.remainder());
-    for (x, y) in a.iter_mut().zip(b) {
-        *x = *y;
+        seg[row + prefix + i] = true;
     }
 }
 
