@@ -4,10 +4,11 @@ specsched adds to it, for real EAGLE dynamic trees drafted from the demo prompts
 Group `loop step B=b N=n` (b requests, n-node trees):
 - `target_forward`: `TinyTarget.forward_tree` (float32, CPU): the cost specsched's share is
   measured against (the issue's target: specsched <= 2% of it);
-- `rust`: what the loop adds per step: `ss.verify(trees, logits)` on the forward's torch
-  logits (Rust reads the rows the walk visits, in place) + the target's `accept`
-  (`ss.compact_kv` over the one cache tensor, all layers and requests);
-- `torch_peer`: the same step as EAGLE's torch code does it: argmax every row, match along the
+- `rust`: what the loop adds per step: `ss.verify(trees, logits)` on the forward's logits
+  (the numpy view `TinyTarget` hands over; Rust reads the rows the walk visits, in place) +
+  the target's `accept` (`ss.compact_kv` over the one cache tensor, all layers and requests);
+- `torch_peer`: the same step as EAGLE's torch code does it, on the same logits as a tensor
+  (`torch.from_numpy`, no copy): argmax every row, match along the
   precomputed root-to-leaf paths (cumprod), take the best path, then gather/scatter the
   accepted entries of every layer with tensor indexing;
 - `reference`: `reference.verify_logits` per tree and the reference compaction plan, applied
@@ -54,7 +55,7 @@ def step_case(batch: int, budget: int) -> tuple[TinyTarget, ss.TreeBatch, Any]:
     target = TinyTarget(model)
     prompts = [list(p) for p in DEMO_PROMPTS[:batch]]
     prefill = target.prefill(prompts)
-    first = prefill.logits.argmax(-1).numpy()
+    first = prefill.logits.argmax(-1)
     drafter = EagleDrafter(model, head, topk=8, depth=6, budget=budget)
     drafter.start(prompts, first, prefill)
     trees = drafter.propose(first, np.ones(batch, dtype=bool))
@@ -110,10 +111,11 @@ def test_loop_step(benchmark, batch, budget, contender):
         elif contender == "torch_peer":
             paths = TorchPaths(_Shape(trees))
             tokens = torch.tensor(trees.tokens)  # a writable copy of the read-only view
-            k, nodes, _ = run(benchmark, lambda: torch_step(paths, tokens, logits, target))
+            logits_t = torch.from_numpy(logits)
+            k, nodes, _ = run(benchmark, lambda: torch_step(paths, tokens, logits_t, target))
             np.testing.assert_array_equal(k.numpy(), expected.num_accepted)
             np.testing.assert_array_equal(nodes.numpy(), expected.accepted_nodes)
         else:
-            rows = logits.numpy()
+            rows = logits
             got = run(benchmark, lambda: reference_step(trees, rows, target), rounds=5)
             assert got == expected.num_accepted.tolist()

@@ -238,7 +238,8 @@ def test_compact_kv_matches_reference(tree, rnd, cache, prefix, extra, dtype, ki
     expected = vals.copy()
     ref.compact_kv(expected, ref.kv_compaction_plan(r.accepted_nodes.tolist(), prefix), seq_dim)
 
-    assert ss.compact_kv(view, r, prefix, seq_dim) is None
+    committed = ss.compact_kv(view, r, prefix, seq_dim)
+    assert type(committed) is int and committed == prefix + r.num_accepted + 1
     assert view.tobytes() == expected.tobytes()
     check_moved(vals, view, seq, r.accepted_nodes.tolist(), prefix)
     # the moves happened in the caller's memory, and nowhere else in it
@@ -327,9 +328,11 @@ def test_batch_compact_kv_matches_reference(
     ref.compact_kv(expected, plan, seq_dim, bax)
 
     if batch_dim is None:
-        ss.compact_kv(view, rb, prefix_arg, seq_dim)
+        committed = ss.compact_kv(view, rb, prefix_arg, seq_dim)
     else:
-        ss.compact_kv(view, rb, prefix_arg, seq_dim, batch_dim=batch_dim)
+        committed = ss.compact_kv(view, rb, prefix_arg, seq_dim, batch_dim=batch_dim)
+    assert committed.dtype == np.int64
+    assert committed.tolist() == [p + k + 1 for p, k in zip(prefixes, rb.num_accepted, strict=True)]
     assert view.tobytes() == expected.tobytes()
     assert np.shares_memory(view, base)
     # per request: its own semantics, on its own batch row

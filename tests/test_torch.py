@@ -407,7 +407,7 @@ def test_compact_kv_torch_cpu_matches_reference(tree, rnd, dtype, kind, seq, pre
     expected = f64(cache).copy()
     ref.compact_kv(expected, ref.kv_compaction_plan(r.accepted_nodes.tolist(), prefix), seq)
     ptr, base_before = cache.data_ptr(), base.clone()
-    assert ss.compact_kv(cache, r, prefix, seq) is None
+    assert ss.compact_kv(cache, r, prefix, seq) == prefix + r.num_accepted + 1
     assert cache.data_ptr() == ptr
     assert np.array_equal(f64(cache), expected)
     if kind == "slice":  # the elements of the base outside the view are untouched
@@ -437,7 +437,8 @@ def test_batch_compact_kv_torch_cpu(dtype, batch_dim, seq_dim, transposed):
     plan = ref.batch_kv_compaction_plan(rb.accepted_nodes.tolist(), prefixes)
     ref.compact_kv(expected, plan, seq_dim, bd)
     kwargs = {} if batch_dim is None else {"batch_dim": batch_dim}
-    ss.compact_kv(cache, rb, torch.tensor(prefixes), seq_dim, **kwargs)
+    committed = ss.compact_kv(cache, rb, torch.tensor(prefixes), seq_dim, **kwargs)
+    assert committed.tolist() == [p + k + 1 for p, k in zip(prefixes, rb.num_accepted, strict=True)]
     assert cache.data_ptr() == ptr
     assert np.array_equal(f64(cache), expected)
 
@@ -507,11 +508,14 @@ def test_device_compaction_path_on_cpu(dtype, batch_dim, seq_dim):
         cache = cache.reshape(shape)
         host = cache.clone()
         kwargs = {} if bdim is None else {"batch_dim": bdim}
-        ss.compact_kv(host, result, prefix, seq_dim, **kwargs)
+        committed = ss.compact_kv(host, result, prefix, seq_dim, **kwargs)
         assert not torch.equal(host, cache)  # every case moves something
-        moves = _core.cache_moves(list(cache.shape), result, prefix, seq_dim, bdim)
+        *moves, committed_elsewhere = _core.cache_moves(
+            list(cache.shape), result, prefix, seq_dim, bdim
+        )
+        np.testing.assert_array_equal(committed_elsewhere, committed)
         dev = cache.clone()
-        _torch.compact_on_device(dev, moves)
+        _torch.compact_on_device(dev, tuple(moves))
         assert torch.equal(dev, host)
 
 

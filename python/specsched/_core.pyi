@@ -255,8 +255,8 @@ def compact_kv(
     prefix_lens: npt.ArrayLike,
     seq_dim: int,
     batch_dim: int | None = None,
-) -> None:
-    """Applies the compaction plan in place on a host buffer."""
+) -> int | npt.NDArray[np.int64]:
+    """Applies the compaction plan in place on a host buffer; returns the committed lengths."""
 
 def cache_moves(
     cache_shape: list[int],
@@ -264,8 +264,16 @@ def cache_moves(
     prefix_lens: npt.ArrayLike,
     seq_dim: int,
     batch_dim: int | None = None,
-) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64], int, int]:
-    """Checked moves `(req, src, dst, seq_dim, batch_dim)` for a cache held elsewhere."""
+) -> tuple[
+    npt.NDArray[np.int64],
+    npt.NDArray[np.int64],
+    npt.NDArray[np.int64],
+    int,
+    int,
+    int | npt.NDArray[np.int64],
+]:
+    """Checked moves `(req, src, dst, seq_dim, batch_dim, committed)` for a cache held
+    elsewhere, with the committed lengths `compact_kv` returns."""
 
 def commit_slots(
     slots: npt.ArrayLike, result: VerifyResult | BatchVerifyResult

@@ -32,22 +32,28 @@ def compact_kv(
     seq_dim: int,
     *,
     batch_dim: int | None = None,
-) -> None:
+) -> Any:
     """Moves the accepted nodes' KV entries to `prefix + 0..k` along `seq_dim`, in place.
 
     `cache` is a numpy array or a torch tensor (CPU or CUDA) with a sequence axis; for a
     BatchVerifyResult it also has a batch axis (`batch_dim`, default 0) with one row per
     request, and `prefix_lens` is an int or one int per request.
+
+    Returns the committed lengths `prefix + k + 1` (the accepted path, root slot included): an
+    int for a VerifyResult, int64 `[B]` (host) for a batch. A target's length bookkeeping
+    then needs no array arithmetic of its own.
     """
     prefix_lens = _torch.host_array(prefix_lens, "prefix_lens")
     if _torch.is_tensor(cache):
         _torch.check_has_data(cache, "cache")
         if cache.device.type != "cpu":
-            moves = _core.cache_moves(list(cache.shape), result, prefix_lens, seq_dim, batch_dim)
-            _torch.compact_on_device(cache, moves)
-            return
+            req, src, dst, seq, batch, committed = _core.cache_moves(
+                list(cache.shape), result, prefix_lens, seq_dim, batch_dim
+            )
+            _torch.compact_on_device(cache, (req, src, dst, seq, batch))
+            return committed
         cache = _torch.raw_cpu_view(cache)
-    _core.compact_kv(cache, result, prefix_lens, seq_dim, batch_dim)
+    return _core.compact_kv(cache, result, prefix_lens, seq_dim, batch_dim)
 
 
 def commit_slots(slots: Any, result: Result) -> tuple[Any, Any]:

@@ -87,6 +87,36 @@ pub fn batch_compaction_plan(r: &BatchVerified, prefix: &[i64]) -> Result<Vec<Mo
     Ok(moves)
 }
 
+/// Committed length after compacting one tree at `prefix` (checked by [`compaction_plan`]):
+/// the prefix, the accepted drafts and the root's slot, now holding the path's first token.
+pub fn committed_length(r: &Verified, prefix: i64) -> Result<i64> {
+    grown("prefix_lens", None, prefix, r.accepted_nodes.len())
+}
+
+/// [`committed_length`] of every request of a batch (`prefix` checked by
+/// [`batch_compaction_plan`]).
+pub fn batch_committed_lengths(r: &BatchVerified, prefix: &[i64]) -> Result<Vec<i64>> {
+    prefix
+        .iter()
+        .zip(&r.num_accepted)
+        .enumerate()
+        .map(|(b, (&p, &k))| grown("prefix_lens", Some(b), p, k as usize + 1))
+        .collect()
+}
+
+fn grown(arg: &'static str, req: Option<usize>, prefix: i64, kept: usize) -> Result<i64> {
+    i64::try_from(kept)
+        .ok()
+        .and_then(|k| prefix.checked_add(k))
+        .ok_or_else(|| {
+            let at = req.map_or(String::new(), |b| format!("[{b}]"));
+            Error::value(
+                arg,
+                format!("prefix_lens{at} = {prefix}: the committed length overflows int64"),
+            )
+        })
+}
+
 /// The sequence and batch axes exist and differ.
 fn check_axes(ndim: usize, seq_dim: usize, batch_dim: Option<usize>) -> Result<()> {
     if seq_dim >= ndim {
@@ -438,6 +468,20 @@ mod tests {
         );
         assert!(compaction_plan(&r, -1).is_err());
         assert!(compaction_plan(&r, i64::MAX - 3).is_err());
+    }
+
+    #[test]
+    fn committed_length_counts_the_path_and_root_slot() {
+        let r = verified(&[0, 1, 4, 6], 8);
+        assert_eq!(committed_length(&r, 10).unwrap(), 14);
+        // the plan accepts this prefix (node 7 fits at i64::MAX), the grown length does not
+        let edge = i64::MAX - 7;
+        assert!(compaction_plan(&r, edge).is_ok());
+        assert_eq!(committed_length(&r, edge).unwrap(), i64::MAX - 3);
+        // a fully accepted tree there: every node fits, the length past them does not
+        let full = verified(&[0, 1, 2, 3, 4, 5, 6, 7], 8);
+        assert!(compaction_plan(&full, edge).is_ok());
+        assert!(committed_length(&full, edge).is_err());
     }
 
     #[test]

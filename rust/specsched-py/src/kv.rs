@@ -54,14 +54,40 @@ fn single_prefix(prefix_lens: &Bound<'_, PyAny>) -> PyResult<i64> {
 /// Per request `(prefix, num_nodes)`: what a cache must hold.
 type Extents = Vec<(usize, usize)>;
 
-/// Moves of a result and the extents of its requests.
-fn plan(result: &AnyResult<'_>, prefix_lens: &Bound<'_, PyAny>) -> PyResult<(Vec<Move>, Extents)> {
+/// Committed lengths after compaction: an int for one tree, one per request for a batch.
+enum Committed {
+    One(i64),
+    Batch(Vec<i64>),
+}
+
+impl Committed {
+    fn into_py(self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        Ok(match self {
+            Committed::One(n) => n.into_pyobject(py)?.into_any().unbind(),
+            Committed::Batch(v) => {
+                let n = v.len();
+                owned(py, v, &[n])?.into_any().unbind()
+            }
+        })
+    }
+}
+
+/// Moves of a result, the extents of its requests and their committed lengths.
+fn plan(
+    result: &AnyResult<'_>,
+    prefix_lens: &Bound<'_, PyAny>,
+) -> PyResult<(Vec<Move>, Extents, Committed)> {
     match result {
         AnyResult::One(r) => {
             let v: &Verified = &r.get().inner;
             let p = single_prefix(prefix_lens)?;
             let moves = kv::compaction_plan(v, p).py()?;
-            Ok((moves, vec![(p as usize, v.num_nodes)]))
+            let committed = kv::committed_length(v, p).py()?;
+            Ok((
+                moves,
+                vec![(p as usize, v.num_nodes)],
+                Committed::One(committed),
+            ))
         }
         AnyResult::Batch(r) => {
             let v: &BatchVerified = &r.get().inner;
@@ -70,7 +96,8 @@ fn plan(result: &AnyResult<'_>, prefix_lens: &Bound<'_, PyAny>) -> PyResult<(Vec
             let extents = (0..v.num_trees())
                 .map(|b| (p[b] as usize, v.offsets[b + 1] - v.offsets[b]))
                 .collect();
-            Ok((moves, extents))
+            let committed = kv::batch_committed_lengths(v, &p).py()?;
+            Ok((moves, extents, Committed::Batch(committed)))
         }
     }
 }
@@ -83,7 +110,7 @@ pub fn kv_compaction_plan<'py>(
     prefix_lens: &Bound<'py, PyAny>,
 ) -> PyResult<Bound<'py, PyTuple>> {
     let result = AnyResult::extract(result)?;
-    let (moves, _) = plan(&result, prefix_lens)?;
+    let (moves, _, _) = plan(&result, prefix_lens)?;
     let n = moves.len();
     let src = owned(py, moves.iter().map(|m| m.src as i64).collect(), &[n])?;
     let dst = owned(py, moves.iter().map(|m| m.dst as i64).collect(), &[n])?;
@@ -126,7 +153,8 @@ fn axes(
     Ok((seq, batch))
 }
 
-/// Applies the compaction plan in place on a numpy buffer of any dtype and strides.
+/// Applies the compaction plan in place on a numpy buffer of any dtype and strides; returns the
+/// committed lengths (an int, or int64 `[B]`).
 #[pyfunction]
 #[pyo3(signature = (cache, result, prefix_lens, seq_dim, batch_dim=None))]
 pub fn compact_kv(
@@ -136,7 +164,7 @@ pub fn compact_kv(
     prefix_lens: &Bound<'_, PyAny>,
     #[pyo3(from_py_with = crate::convert::seq_dim_arg)] seq_dim: isize,
     batch_dim: Option<isize>,
-) -> PyResult<()> {
+) -> PyResult<Py<PyAny>> {
     let arr = cache.cast::<PyUntypedArray>().map_err(|_| {
         PyTypeError::new_err(format!(
             "cache: expected a numpy array, got {}",
@@ -157,7 +185,7 @@ pub fn compact_kv(
     }
     let result = AnyResult::extract(result)?;
     let (seq, batch) = axes(&result, arr.ndim(), seq_dim, batch_dim)?;
-    let (moves, extents) = plan(&result, prefix_lens)?;
+    let (moves, extents, committed) = plan(&result, prefix_lens)?;
     let shape = arr.shape().to_vec();
     kv::check_cache_shape(&shape, seq, batch, &extents).py()?;
     let itemsize = arr.dtype().itemsize();
@@ -167,12 +195,14 @@ pub fn compact_kv(
     // index addresses its allocation. Like any in-place numpy operation, the caller must not
     // use the cache from another thread meanwhile.
     let mut buf = unsafe { StridedMut::new(data_ptr(arr), shape, strides, itemsize) }.py()?;
-    py.detach(|| buf.apply(seq, batch, &moves)).py()
+    py.detach(|| buf.apply(seq, batch, &moves)).py()?;
+    committed.into_py(py)
 }
 
 /// The moves of `compact_kv` for a cache of `cache_shape` held elsewhere (a CUDA tensor),
-/// checked exactly as `compact_kv` checks a host buffer: `(req, src, dst, seq_dim, batch_dim)`
-/// with normalised axes (`batch_dim` is -1 for a single-tree result).
+/// checked exactly as `compact_kv` checks a host buffer: `(req, src, dst, seq_dim, batch_dim,
+/// committed)` with normalised axes (`batch_dim` is -1 for a single-tree result) and the
+/// committed lengths `compact_kv` returns.
 #[pyfunction]
 #[pyo3(signature = (cache_shape, result, prefix_lens, seq_dim, batch_dim=None))]
 pub fn cache_moves<'py>(
@@ -185,14 +215,14 @@ pub fn cache_moves<'py>(
 ) -> PyResult<Bound<'py, PyTuple>> {
     let result = AnyResult::extract(result)?;
     let (seq, batch) = axes(&result, cache_shape.len(), seq_dim, batch_dim)?;
-    let (moves, extents) = plan(&result, prefix_lens)?;
+    let (moves, extents, committed) = plan(&result, prefix_lens)?;
     kv::check_cache_shape(&cache_shape, seq, batch, &extents).py()?;
     let n = moves.len();
     let req = owned(py, moves.iter().map(|m| m.req as i64).collect(), &[n])?;
     let src = owned(py, moves.iter().map(|m| m.src as i64).collect(), &[n])?;
     let dst = owned(py, moves.iter().map(|m| m.dst as i64).collect(), &[n])?;
     let batch = batch.map_or(-1, |b| b as isize);
-    (req, src, dst, seq, batch).into_pyobject(py)
+    (req, src, dst, seq, batch, committed.into_py(py)?).into_pyobject(py)
 }
 
 /// Paged caches: `(kept, freed)` slot ids.
