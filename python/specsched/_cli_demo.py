@@ -213,7 +213,8 @@ def _print_table(report: dict[str, Any]) -> None:
         "build, verify, KV compaction) and\nthat time as a share of the target's tree forward, "
         "measured in the loop: each call follows a CPU\nmodel forward that evicted the caches "
         "and costs several times what it costs hot\n(benches/test_generate.py: verify + "
-        "compaction ~20 µs per step). On a CPU a tree forward costs\nmore than a one-token "
+        "compaction ~20 µs per step); the dynamic trees call the\nbuilder once per draft "
+        "level, after each head forward. On a CPU a tree forward costs\nmore than a one-token "
         "forward, so wall time lags tokens per forward; on a GPU (--device cuda)\nthe forward "
         "is memory-bound and the two converge."
     )
