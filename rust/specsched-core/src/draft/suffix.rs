@@ -143,6 +143,16 @@ struct Node {
     hi: u16,
 }
 
+/// What `SuffixIndex::extend_fast` did with an active suffix.
+enum Extended {
+    /// It now ends at the end of this node.
+    At(u32),
+    /// It got its own tail (it is no longer active).
+    Retired,
+    /// Nothing: the general `extend` applies.
+    Slow,
+}
+
 /// One path-compressed, depth-bounded suffix tree over a set of token sequences.
 #[derive(Debug, Clone)]
 pub struct SuffixIndex {
@@ -678,95 +688,13 @@ impl SuffixIndex {
                 // u ends at depth d; the occurrence j now reaches depth d + 1, labelled t.
                 let d = n - j;
                 debug_assert_eq!(self.end(u), d);
-                let (found, kids) = self.find_child_mtf(u, t);
-                let Some(v) = found else {
-                    // First occurrence of this string: j's own tail; j retires.
-                    self.new_tail(u, kids, (seq, j), d + 1, t);
-                    continue;
-                };
-                let (ui, vi) = (u as usize, v as usize);
-                let at = if u != ROOT
-                    && self.head(u) == v
-                    && self.nodes[vi].next_sib == NIL
-                    && self.nodes[ui].count == self.nodes[vi].count + 1
-                {
-                    // u's count differs from its only child's by j alone: u absorbs the point
-                    // and reads its labels from j (u's reference may be a removed occurrence
-                    // that stops at u's end).
-                    let v_end = self.end(v);
-                    if self.nodes[ui].rseq != seq {
-                        self.release_ref(self.nodes[ui].rseq);
-                        self.nodes[ui].rseq = seq;
-                    }
-                    self.nodes[ui].rpos = j;
-                    if v_end == d + 1 {
-                        if self.is_wide(u) {
-                            let tid = self.nodes[ui].first_child;
-                            self.wremove(tid, t);
-                            self.drop_wide(u);
-                        }
-                        if self.is_tail(v) {
-                            self.nodes[ui].first_child = NIL;
-                            self.nodes[ui].hi = (d + 1) as u16;
-                            self.free_node(v, true);
-                        } else {
-                            // Merge v into u: u takes v's children (and table id) as they are.
-                            self.nodes[ui].first_child = self.nodes[vi].first_child;
-                            self.nodes[ui].hi = self.nodes[vi].hi;
-                            self.release_ref(self.nodes[ui].rseq);
-                            self.nodes[ui].rseq = self.nodes[vi].rseq;
-                            self.nodes[ui].rpos = self.nodes[vi].rpos;
-                            self.nodes[vi].hi = 0;
-                            self.free_node(v, false);
-                        }
-                    } else {
-                        self.nodes[ui].hi = (d + 1) as u16 | (self.nodes[ui].hi & WIDE);
-                        self.nodes[vi].lo = (d + 2) as u16 | (self.nodes[vi].lo & TAIL);
-                        let x = self.label(v, d + 2);
-                        self.relabel(u, v, x);
-                    }
-                    u
-                } else if self.is_tail(v) {
-                    // A second occurrence: v becomes a counted point, the tail hangs below.
-                    let tail_end = self.end(v);
-                    let rs = (self.nodes[vi].rseq, self.nodes[vi].rpos);
-                    self.nodes[vi].count = 2;
-                    self.nodes[vi].lo = (d + 1) as u16;
-                    self.nodes[vi].hi = (d + 1) as u16;
-                    self.nodes[vi].first_child = NIL;
-                    if d + 2 <= tail_end {
-                        let x = self.label(v, d + 2);
-                        self.new_tail(v, 0, rs, d + 2, x);
-                    }
-                    v
-                } else if self.end(v) == d + 1 {
-                    self.nodes[vi].count += 1;
-                    v
-                } else {
-                    // Split: v keeps the point d + 1, a new node w the rest of the chain.
-                    let x = self.label(v, d + 2);
-                    let rs = (self.nodes[vi].rseq, self.nodes[vi].rpos);
-                    let w = self.alloc(
-                        self.nodes[vi].count,
-                        x,
-                        self.nodes[vi].first_child,
-                        rs,
-                        (d + 2) as u16,
-                        self.nodes[vi].hi,
-                    );
-                    // An occurrence already extended this token may end at v's end: it now
-                    // ends at w's.
-                    if let Some(jj) = (n + 1).checked_sub(self.end(v)) {
-                        if let Some(a) = active[..kept].iter_mut().find(|a| a.0 == jj) {
-                            if a.1 == v {
-                                a.1 = w;
-                            }
-                        }
-                    }
-                    self.nodes[vi].hi = (d + 1) as u16;
-                    self.nodes[vi].first_child = w;
-                    self.nodes[vi].count += 1;
-                    v
+                let at = match self.extend_fast(seq, j, u, d, t) {
+                    Extended::At(at) => at,
+                    Extended::Retired => continue,
+                    Extended::Slow => match self.extend(seq, (j, u), n, t, &mut active[..kept]) {
+                        Some(at) => at,
+                        None => continue,
+                    },
                 };
                 if d + 1 < maxd {
                     active[kept] = (j, at);
@@ -776,6 +704,173 @@ impl SuffixIndex {
             active.truncate(kept);
         }
         self.seqs[s].as_mut().expect("live sequence").active = active;
+    }
+
+    /// `extend` for its two common cases, decided and applied on the two nodes alone (no
+    /// list, table or arena change): `t`'s child `v` of `u` (first in a narrow `u`'s list, or
+    /// found in a wide `u`'s table) gives `u` one more point (the absorb case, `u` narrow, its
+    /// labels already read from `seq`, `v` keeping a point), or `v` is a one-point node counted
+    /// once more; or a wide `u` has no child for `t` (a new tail). `Slow`: nothing was
+    /// changed, `extend` decides.
+    #[inline(always)]
+    fn extend_fast(&mut self, seq: u32, j: u32, u: u32, d: u32, t: u32) -> Extended {
+        let nu = self.nodes[u as usize];
+        let wide = nu.hi & WIDE != 0;
+        let v = if wide {
+            match self.wget(nu.first_child, t) {
+                Some(v) => v,
+                None => {
+                    self.new_tail(u, 0, (seq, j), d + 1, t);
+                    return Extended::Retired;
+                }
+            }
+        } else {
+            nu.first_child
+        };
+        let Some(&nv) = self.nodes.get(v as usize) else {
+            return Extended::Slow;
+        };
+        if nv.token != t {
+            return Extended::Slow;
+        }
+        if u != ROOT && nv.next_sib == NIL && nu.count == nv.count + 1 {
+            // The absorb case (see `extend`) when `u` is narrow (`v` is its only child).
+            if wide || nu.rseq != seq {
+                return Extended::Slow;
+            }
+            let toks = &self.seqs[nv.rseq as usize]
+                .as_ref()
+                .expect("live sequence")
+                .tokens;
+            let v_end = if nv.lo & TAIL != 0 {
+                self.max_depth.min(toks.len() as u32 - nv.rpos)
+            } else {
+                (nv.hi & DEPTH) as u32
+            };
+            if v_end == d + 1 {
+                return Extended::Slow;
+            }
+            // label(v, d + 2)
+            let x = toks[(nv.rpos + d + 1) as usize];
+            let nu = &mut self.nodes[u as usize];
+            nu.rpos = j;
+            nu.hi = (d + 1) as u16;
+            let nv = &mut self.nodes[v as usize];
+            nv.lo = (d + 2) as u16 | (nv.lo & TAIL);
+            nv.token = x;
+            return Extended::At(u);
+        }
+        if nv.lo & TAIL == 0 && (nv.hi & DEPTH) as u32 == d + 1 {
+            self.nodes[v as usize].count += 1;
+            return Extended::At(v);
+        }
+        Extended::Slow
+    }
+
+    /// Extends active suffix `(j, u)` by `t`, the token at position `n`, in every case;
+    /// `done`: the suffixes already extended by `t`. Returns the node the suffix now ends
+    /// at, or `None` when it got its own tail (it is no longer active).
+    fn extend(
+        &mut self,
+        seq: u32,
+        (j, u): (u32, u32),
+        n: u32,
+        t: u32,
+        done: &mut [(u32, u32)],
+    ) -> Option<u32> {
+        let d = n - j;
+        let (found, kids) = self.find_child_mtf(u, t);
+        let Some(v) = found else {
+            // First occurrence of this string: j's own tail; j retires.
+            self.new_tail(u, kids, (seq, j), d + 1, t);
+            return None;
+        };
+        let (ui, vi) = (u as usize, v as usize);
+        let at = if u != ROOT
+            && self.head(u) == v
+            && self.nodes[vi].next_sib == NIL
+            && self.nodes[ui].count == self.nodes[vi].count + 1
+        {
+            // u's count differs from its only child's by j alone: u absorbs the point
+            // and reads its labels from j (u's reference may be a removed occurrence
+            // that stops at u's end).
+            let v_end = self.end(v);
+            if self.nodes[ui].rseq != seq {
+                self.release_ref(self.nodes[ui].rseq);
+                self.nodes[ui].rseq = seq;
+            }
+            self.nodes[ui].rpos = j;
+            if v_end == d + 1 {
+                if self.is_wide(u) {
+                    let tid = self.nodes[ui].first_child;
+                    self.wremove(tid, t);
+                    self.drop_wide(u);
+                }
+                if self.is_tail(v) {
+                    self.nodes[ui].first_child = NIL;
+                    self.nodes[ui].hi = (d + 1) as u16;
+                    self.free_node(v, true);
+                } else {
+                    // Merge v into u: u takes v's children (and table id) as they are.
+                    self.nodes[ui].first_child = self.nodes[vi].first_child;
+                    self.nodes[ui].hi = self.nodes[vi].hi;
+                    self.release_ref(self.nodes[ui].rseq);
+                    self.nodes[ui].rseq = self.nodes[vi].rseq;
+                    self.nodes[ui].rpos = self.nodes[vi].rpos;
+                    self.nodes[vi].hi = 0;
+                    self.free_node(v, false);
+                }
+            } else {
+                self.nodes[ui].hi = (d + 1) as u16 | (self.nodes[ui].hi & WIDE);
+                self.nodes[vi].lo = (d + 2) as u16 | (self.nodes[vi].lo & TAIL);
+                let x = self.label(v, d + 2);
+                self.relabel(u, v, x);
+            }
+            u
+        } else if self.is_tail(v) {
+            // A second occurrence: v becomes a counted point, the tail hangs below.
+            let tail_end = self.end(v);
+            let rs = (self.nodes[vi].rseq, self.nodes[vi].rpos);
+            self.nodes[vi].count = 2;
+            self.nodes[vi].lo = (d + 1) as u16;
+            self.nodes[vi].hi = (d + 1) as u16;
+            self.nodes[vi].first_child = NIL;
+            if d + 2 <= tail_end {
+                let x = self.label(v, d + 2);
+                self.new_tail(v, 0, rs, d + 2, x);
+            }
+            v
+        } else if self.end(v) == d + 1 {
+            self.nodes[vi].count += 1;
+            v
+        } else {
+            // Split: v keeps the point d + 1, a new node w the rest of the chain.
+            let x = self.label(v, d + 2);
+            let rs = (self.nodes[vi].rseq, self.nodes[vi].rpos);
+            let w = self.alloc(
+                self.nodes[vi].count,
+                x,
+                self.nodes[vi].first_child,
+                rs,
+                (d + 2) as u16,
+                self.nodes[vi].hi,
+            );
+            // An occurrence already extended this token may end at v's end: it now
+            // ends at w's. (`done` is in increasing start order, as the active list.)
+            if let Some(jj) = (n + 1).checked_sub(self.end(v)) {
+                debug_assert!(done.windows(2).all(|p| p[0].0 < p[1].0));
+                if let Ok(k) = done.binary_search_by_key(&jj, |a| a.0) {
+                    if done[k].1 == v {
+                        done[k].1 = w;
+                    }
+                }
+            }
+            self.nodes[vi].hi = (d + 1) as u16;
+            self.nodes[vi].first_child = w;
+            self.nodes[vi].count += 1;
+            v
+        };
+        Some(at)
     }
 
     /// Recomputes the active suffixes of `seq` (after appends to another sequence): the
