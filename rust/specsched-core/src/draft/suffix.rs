@@ -75,6 +75,8 @@ const WIDE: u16 = 1 << 15;
 const DEPTH: u16 = !(1 << 15);
 /// Children at which a node's children enter the hash table; below, a lookup scans siblings.
 const WIDE_MIN: usize = 8;
+/// How many tokens ahead an append prefetches the root's child.
+const LOOKAHEAD: usize = 4;
 
 /// Largest `max_depth` accepted.
 pub const MAX_DEPTH_LIMIT: i64 = 4096;
@@ -92,6 +94,22 @@ fn hkey(tid: u32, token: u32) -> u64 {
 /// Children of wide nodes: `(table id << 32) | child` in 8-byte slots; the key's token is the
 /// child's own `token`, so it is not stored (the control byte's hash tag filters probes).
 type Lookup = hashbrown::HashTable<u64>;
+
+/// Starts loading `x`'s cache line (a hint: no effect on any result).
+#[inline(always)]
+fn prefetch<T>(x: &T) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: a prefetch has no architectural effect (it cannot fault and reads nothing the
+    // program observes), and the pointer comes from a live reference; SSE is part of the
+    // x86_64 baseline.
+    unsafe {
+        core::arch::x86_64::_mm_prefetch::<{ core::arch::x86_64::_MM_HINT_T0 }>(
+            (x as *const T).cast::<i8>(),
+        );
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = x;
+}
 
 /// Makes room for `extra` more elements, growing by a quarter rather than doubling (memory is
 /// counted by capacity; the copies stay amortized O(1)).
@@ -164,6 +182,15 @@ pub struct SuffixIndex {
     /// table id, and `lookup` is keyed by it, so children move between nodes without re-keying).
     wide_heads: Vec<u32>,
     free_tids: Vec<u32>,
+    /// The wide root's table id once its children are indexed by token in `root_kids`
+    /// (`NIL`: not yet). The root is probed for every appended token; a direct index costs
+    /// one array read instead of a hash probe (several cache misses on a large index). It
+    /// is set up once the index holds more tokens than the largest token id seen, so it
+    /// costs at most 4 bytes per indexed token; children with larger ids stay in `lookup`.
+    dense_tid: u32,
+    root_kids: Vec<u32>,
+    /// Largest token appended so far.
+    max_token: u32,
     free_nodes: Vec<u32>,
     seqs: Vec<Option<Seq>>,
     free_seqs: Vec<u32>,
@@ -280,6 +307,9 @@ impl SuffixIndex {
             lookup: Lookup::new(),
             wide_heads: Vec::new(),
             free_tids: Vec::new(),
+            dense_tid: NIL,
+            root_kids: Vec::new(),
+            max_token: 0,
             free_nodes: Vec::new(),
             seqs: Vec::new(),
             free_seqs: Vec::new(),
@@ -305,7 +335,10 @@ impl SuffixIndex {
     /// Heap bytes held (arena, hash table, sequences), by capacity.
     pub fn memory_bytes(&self) -> usize {
         let arena = self.nodes.capacity() * std::mem::size_of::<Node>()
-            + (self.free_nodes.capacity() + self.wide_heads.capacity() + self.free_tids.capacity())
+            + (self.free_nodes.capacity()
+                + self.wide_heads.capacity()
+                + self.free_tids.capacity()
+                + self.root_kids.capacity())
                 * 4;
         // hashbrown: a power-of-two bucket count, at most 7/8 full; an 8-byte slot and one
         // control byte per bucket.
@@ -387,6 +420,11 @@ impl SuffixIndex {
     /// Child with first label `t` in wide table `tid`.
     #[inline]
     fn wget(&self, tid: u32, t: u32) -> Option<u32> {
+        if tid == self.dense_tid {
+            if let Some(&c) = self.root_kids.get(t as usize) {
+                return (c != NIL).then_some(c);
+            }
+        }
         let nodes = &self.nodes;
         self.lookup
             .find(hkey(tid, t), |&e| {
@@ -399,7 +437,14 @@ impl SuffixIndex {
     #[inline]
     fn winsert(&mut self, tid: u32, c: u32) {
         let nodes = &self.nodes;
-        let h = hkey(tid, nodes[c as usize].token);
+        let t = nodes[c as usize].token;
+        if tid == self.dense_tid {
+            if let Some(slot) = self.root_kids.get_mut(t as usize) {
+                *slot = c;
+                return;
+            }
+        }
+        let h = hkey(tid, t);
         self.lookup
             .insert_unique(h, (tid as u64) << 32 | c as u64, |&e| {
                 hkey((e >> 32) as u32, nodes[(e as u32) as usize].token)
@@ -409,12 +454,37 @@ impl SuffixIndex {
     /// Drops the child with first label `t` (still its `token`) from wide table `tid`.
     #[inline]
     fn wremove(&mut self, tid: u32, t: u32) {
+        if tid == self.dense_tid {
+            if let Some(slot) = self.root_kids.get_mut(t as usize) {
+                *slot = NIL;
+                return;
+            }
+        }
         let nodes = &self.nodes;
         if let Ok(e) = self.lookup.find_entry(hkey(tid, t), |&e| {
             (e >> 32) as u32 == tid && nodes[(e as u32) as usize].token == t
         }) {
             e.remove();
         }
+    }
+
+    /// Moves the wide root's children from `lookup` to the direct index `root_kids`
+    /// (ids up to the largest seen, fewer than the indexed tokens).
+    fn densify_root(&mut self) {
+        debug_assert!(self.is_wide(ROOT) && self.dense_tid == NIL);
+        let tid = self.nodes[ROOT as usize].first_child;
+        let mut kids = vec![NIL; self.max_token as usize + 1];
+        let mut c = self.head(ROOT);
+        while c != NIL {
+            let t = self.nodes[c as usize].token;
+            if let Some(slot) = kids.get_mut(t as usize) {
+                self.wremove(tid, t);
+                *slot = c;
+            }
+            c = self.nodes[c as usize].next_sib;
+        }
+        self.root_kids = kids;
+        self.dense_tid = tid;
     }
 
     /// First child of `u` (`NIL`: none).
@@ -442,6 +512,10 @@ impl SuffixIndex {
     fn drop_wide(&mut self, u: u32) {
         let n = &mut self.nodes[u as usize];
         if n.hi & WIDE != 0 {
+            if n.first_child == self.dense_tid {
+                self.dense_tid = NIL;
+                self.root_kids = Vec::new();
+            }
             self.free_tids.push(n.first_child);
             n.hi &= !WIDE;
             n.first_child = NIL;
@@ -673,13 +747,32 @@ impl SuffixIndex {
         reserve(&mut sq.tokens, tokens.len());
         let mut active = std::mem::take(&mut sq.active);
         let maxd = self.max_depth;
-        for &t in tokens {
+        for (i, &t) in tokens.iter().enumerate() {
+            // The root's child for a token a few places ahead: its node is read then (the
+            // index is far larger than the caches), so start loading it now.
+            if self.dense_tid != NIL {
+                if let Some(&c) = tokens
+                    .get(i + LOOKAHEAD)
+                    .and_then(|&a| self.root_kids.get(a as usize))
+                {
+                    if let Some(node) = self.nodes.get(c as usize) {
+                        prefetch(node);
+                    }
+                }
+            }
             let n = {
                 let sq = self.seqs[s].as_mut().expect("live sequence");
                 sq.tokens.push(t);
                 (sq.tokens.len() - 1) as u32
             };
             self.num_tokens += 1;
+            self.max_token = self.max_token.max(t);
+            if self.dense_tid == NIL
+                && self.num_tokens > self.max_token as usize
+                && self.is_wide(ROOT)
+            {
+                self.densify_root();
+            }
             self.nodes[ROOT as usize].count += 1;
             active.push((n, ROOT));
             let mut kept = 0;
