@@ -91,9 +91,139 @@ fn hkey(tid: u32, token: u32) -> u64 {
     h ^ (h >> 32)
 }
 
-/// Children of wide nodes: `(table id << 32) | child` in 8-byte slots; the key's token is the
-/// child's own `token`, so it is not stored (the control byte's hash tag filters probes).
-type Lookup = hashbrown::HashTable<u64>;
+/// A free slot of `ChildTable` (no table id is `NIL`).
+const EMPTY: u64 = u64::MAX;
+
+/// Children of wide nodes, keyed by `(table id, first label)`: open addressing with linear
+/// probing over 8-byte slots `(table id << 32) | child`, at most 3/4 full. The key's token is
+/// the child's own `token`, so it is not stored: a probe reads a node only when the table id
+/// matches. A probe touches one or two adjacent cache lines (a table with separate control
+/// bytes touches two places), so an insert writes the line its probe just read, and a probe
+/// can be prefetched. Removal shifts the rest of the cluster back (no tombstones).
+#[derive(Debug, Clone, Default)]
+struct ChildTable {
+    /// A power of two in length, or empty.
+    slots: Vec<u64>,
+    len: usize,
+}
+
+impl ChildTable {
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    #[cfg(test)]
+    fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Bytes held.
+    fn memory_bytes(&self) -> usize {
+        self.slots.capacity() * 8
+    }
+
+    #[inline]
+    fn home(&self, tid: u32, t: u32) -> usize {
+        hkey(tid, t) as usize & (self.slots.len() - 1)
+    }
+
+    /// Slot index of the child with first label `t` in table `tid`.
+    #[inline]
+    fn position(&self, nodes: &[Node], tid: u32, t: u32) -> Option<usize> {
+        if self.slots.is_empty() {
+            return None;
+        }
+        let mask = self.slots.len() - 1;
+        let mut i = self.home(tid, t);
+        loop {
+            let e = self.slots[i];
+            if e == EMPTY {
+                return None;
+            }
+            if (e >> 32) as u32 == tid && nodes[e as u32 as usize].token == t {
+                return Some(i);
+            }
+            i = (i + 1) & mask;
+        }
+    }
+
+    #[inline]
+    fn get(&self, nodes: &[Node], tid: u32, t: u32) -> Option<u32> {
+        self.position(nodes, tid, t).map(|i| self.slots[i] as u32)
+    }
+
+    /// Adds child `c` of table `tid` (not present; its `token` set).
+    #[inline]
+    fn insert(&mut self, nodes: &[Node], tid: u32, c: u32) {
+        if (self.len + 1) * 8 > self.slots.len() * 7 {
+            self.resize(nodes, (self.slots.len() * 2).max(16));
+        }
+        self.place(tid, nodes[c as usize].token, (tid as u64) << 32 | c as u64);
+        self.len += 1;
+    }
+
+    #[inline]
+    fn place(&mut self, tid: u32, t: u32, e: u64) {
+        let mask = self.slots.len() - 1;
+        let mut i = self.home(tid, t);
+        while self.slots[i] != EMPTY {
+            i = (i + 1) & mask;
+        }
+        self.slots[i] = e;
+    }
+
+    /// Drops the child with first label `t` (still its `token`) of table `tid`, if present.
+    fn remove(&mut self, nodes: &[Node], tid: u32, t: u32) {
+        let Some(mut hole) = self.position(nodes, tid, t) else {
+            return;
+        };
+        let mask = self.slots.len() - 1;
+        self.slots[hole] = EMPTY;
+        self.len -= 1;
+        // Backward shift: an entry after the hole moves into it unless its home lies
+        // (cyclically) after the hole and at or before the entry itself.
+        let mut j = hole;
+        loop {
+            j = (j + 1) & mask;
+            let e = self.slots[j];
+            if e == EMPTY {
+                return;
+            }
+            let home = self.home((e >> 32) as u32, nodes[e as u32 as usize].token);
+            if (j.wrapping_sub(home) & mask) >= (j.wrapping_sub(hole) & mask) {
+                self.slots[hole] = e;
+                self.slots[j] = EMPTY;
+                hole = j;
+            }
+        }
+    }
+
+    /// Room for `extra` more entries without growing.
+    fn reserve(&mut self, nodes: &[Node], extra: usize) {
+        let want = self.len + extra;
+        if want * 8 > self.slots.len() * 7 {
+            self.resize(nodes, (want * 8).div_ceil(7).next_power_of_two().max(16));
+        }
+    }
+
+    /// Re-places every entry in `cap` slots. Each entry's hash needs its node's token (a
+    /// cache miss on a large index): the nodes a few entries ahead are prefetched, so the
+    /// misses overlap.
+    fn resize(&mut self, nodes: &[Node], cap: usize) {
+        const AHEAD: usize = 16;
+        let old = std::mem::replace(&mut self.slots, vec![EMPTY; cap]);
+        for (i, &e) in old.iter().enumerate() {
+            if let Some(&a) = old.get(i + AHEAD) {
+                if let Some(node) = nodes.get(a as u32 as usize) {
+                    prefetch(node);
+                }
+            }
+            if e != EMPTY {
+                self.place((e >> 32) as u32, nodes[e as u32 as usize].token, e);
+            }
+        }
+    }
+}
 
 /// Starts loading `x`'s cache line (a hint: no effect on any result).
 #[inline(always)]
@@ -177,7 +307,7 @@ pub struct SuffixIndex {
     max_depth: u32,
     /// The arena (index 0: the root).
     nodes: Vec<Node>,
-    lookup: Lookup,
+    lookup: ChildTable,
     /// First child of each wide node, by table id (a wide node's `first_child` holds its
     /// table id, and `lookup` is keyed by it, so children move between nodes without re-keying).
     wide_heads: Vec<u32>,
@@ -304,7 +434,7 @@ impl SuffixIndex {
                 lo: 0,
                 hi: 0,
             }],
-            lookup: Lookup::new(),
+            lookup: ChildTable::default(),
             wide_heads: Vec::new(),
             free_tids: Vec::new(),
             dense_tid: NIL,
@@ -340,15 +470,7 @@ impl SuffixIndex {
                 + self.free_tids.capacity()
                 + self.root_kids.capacity())
                 * 4;
-        // hashbrown: a power-of-two bucket count, at most 7/8 full; an 8-byte slot and one
-        // control byte per bucket.
-        let cap = self.lookup.capacity();
-        let buckets = if cap == 0 {
-            0
-        } else {
-            (cap * 8 / 7).next_power_of_two()
-        };
-        let table = buckets * 9;
+        let table = self.lookup.memory_bytes();
         let seqs: usize = self
             .seqs
             .iter()
@@ -425,12 +547,7 @@ impl SuffixIndex {
                 return (c != NIL).then_some(c);
             }
         }
-        let nodes = &self.nodes;
-        self.lookup
-            .find(hkey(tid, t), |&e| {
-                (e >> 32) as u32 == tid && nodes[(e as u32) as usize].token == t
-            })
-            .map(|&e| e as u32)
+        self.lookup.get(&self.nodes, tid, t)
     }
 
     /// Indexes child `c` (its `token` set) in wide table `tid`.
@@ -444,11 +561,7 @@ impl SuffixIndex {
                 return;
             }
         }
-        let h = hkey(tid, t);
-        self.lookup
-            .insert_unique(h, (tid as u64) << 32 | c as u64, |&e| {
-                hkey((e >> 32) as u32, nodes[(e as u32) as usize].token)
-            });
+        self.lookup.insert(nodes, tid, c);
     }
 
     /// Drops the child with first label `t` (still its `token`) from wide table `tid`.
@@ -460,12 +573,7 @@ impl SuffixIndex {
                 return;
             }
         }
-        let nodes = &self.nodes;
-        if let Ok(e) = self.lookup.find_entry(hkey(tid, t), |&e| {
-            (e >> 32) as u32 == tid && nodes[(e as u32) as usize].token == t
-        }) {
-            e.remove();
-        }
+        self.lookup.remove(&self.nodes, tid, t);
     }
 
     /// Moves the wide root's children from `lookup` to the direct index `root_kids`
@@ -717,17 +825,15 @@ impl SuffixIndex {
     /// Appends already checked tokens to sequence `seq`.
     pub fn append(&mut self, seq: u32, tokens: &[u32]) {
         // A long append would grow the wide-child table by doubling, and every rehash reads
-        // each entry's token from its node (a cache miss per entry). Index an eighth first,
-        // then size the table once for the rest at the hashed-children-per-token rate so far.
+        // each entry's token from its node. Index an eighth first, then size the table once
+        // for the rest at the hashed-children-per-token rate so far.
         const BULK: usize = 1 << 16;
         if tokens.len() >= BULK {
             let (head, rest) = tokens.split_at(tokens.len() / 8);
             self.append_run(seq, head);
             let rate = self.lookup.len() as f64 / self.num_tokens.max(1) as f64;
             self.lookup
-                .reserve((rate * 1.05 * rest.len() as f64) as usize, |&e| {
-                    hkey((e >> 32) as u32, self.nodes[(e as u32) as usize].token)
-                });
+                .reserve(&self.nodes, (rate * 1.05 * rest.len() as f64) as usize);
             self.append_run(seq, rest);
         } else {
             self.append_run(seq, tokens);
