@@ -147,6 +147,14 @@ impl ChildTable {
         }
     }
 
+    /// Starts loading the slot where a probe for `(tid, t)` begins.
+    #[inline]
+    fn prefetch(&self, tid: u32, t: u32) {
+        if !self.slots.is_empty() {
+            prefetch(&self.slots[self.home(tid, t)]);
+        }
+    }
+
     #[inline]
     fn get(&self, nodes: &[Node], tid: u32, t: u32) -> Option<u32> {
         self.position(nodes, tid, t).map(|i| self.slots[i] as u32)
@@ -854,8 +862,10 @@ impl SuffixIndex {
         let mut active = std::mem::take(&mut sq.active);
         let maxd = self.max_depth;
         for (i, &t) in tokens.iter().enumerate() {
-            // The root's child for a token a few places ahead: its node is read then (the
-            // index is far larger than the caches), so start loading it now.
+            // Upcoming steps near the root, started early so that their cache misses
+            // overlap with this token's work (the index is far larger than the caches): the
+            // root's child for the token LOOKAHEAD places ahead, and the child lookup of the
+            // step two tokens ahead below the root's child for the token after this one.
             if self.dense_tid != NIL {
                 if let Some(&c) = tokens
                     .get(i + LOOKAHEAD)
@@ -863,6 +873,19 @@ impl SuffixIndex {
                 {
                     if let Some(node) = self.nodes.get(c as usize) {
                         prefetch(node);
+                    }
+                }
+                if let (Some(&a1), Some(&a2)) = (tokens.get(i + 1), tokens.get(i + 2)) {
+                    if let Some(node) = self
+                        .root_kids
+                        .get(a1 as usize)
+                        .and_then(|&c| self.nodes.get(c as usize))
+                    {
+                        if node.hi & WIDE != 0 {
+                            self.lookup.prefetch(node.first_child, a2);
+                        } else if let Some(first) = self.nodes.get(node.first_child as usize) {
+                            prefetch(first);
+                        }
                     }
                 }
             }
