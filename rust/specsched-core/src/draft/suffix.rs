@@ -75,6 +75,10 @@ const WIDE: u16 = 1 << 15;
 const DEPTH: u16 = !(1 << 15);
 /// Children at which a node's children enter the hash table; below, a lookup scans siblings.
 const WIDE_MIN: usize = 8;
+/// `WIDE_MIN` for the root's children (chains starting at depth 1), whose lists are scanned
+/// for nearly every token on a large vocabulary: few of them (one per token id), so
+/// indexing them early costs little memory.
+const WIDE_MIN_DEPTH1: usize = 4;
 /// How many tokens ahead an append prefetches the root's child.
 const LOOKAHEAD: usize = 4;
 
@@ -768,7 +772,13 @@ impl SuffixIndex {
         if self.is_wide(u) {
             let tid = self.nodes[ui].first_child;
             self.winsert(tid, v);
-        } else if kids + 1 >= WIDE_MIN {
+        } else if kids + 1
+            >= if self.nodes[ui].lo & DEPTH == 1 {
+                WIDE_MIN_DEPTH1
+            } else {
+                WIDE_MIN
+            }
+        {
             let tid = match self.free_tids.pop() {
                 Some(tid) => {
                     self.wide_heads[tid as usize] = v;
