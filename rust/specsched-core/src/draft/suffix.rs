@@ -1777,6 +1777,71 @@ mod tests {
 }
 
 #[cfg(test)]
+mod child_table_tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    /// The linear-probing table against a map, with few keys per table (clusters, probes that
+    /// wrap around the end, removals that shift entries back across it) and many growths.
+    #[test]
+    fn child_table_matches_a_map() {
+        let mut x = 17u64;
+        let mut rng = || {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            x >> 33
+        };
+        for round in 0..40 {
+            let mut nodes: Vec<Node> = Vec::new();
+            let mut table = ChildTable::default();
+            let mut model: HashMap<(u32, u32), u32> = HashMap::new();
+            let (tids, toks) = (1 + rng() % 6, 1 + rng() % 40);
+            for _ in 0..3000 {
+                let (tid, t) = ((rng() % tids) as u32, (rng() % toks) as u32);
+                match (rng() % 3, model.get(&(tid, t)).copied()) {
+                    (0, Some(_)) => {
+                        table.remove(&nodes, tid, t);
+                        model.remove(&(tid, t));
+                    }
+                    (_, None) => {
+                        let c = nodes.len() as u32;
+                        nodes.push(Node {
+                            count: 1,
+                            token: t,
+                            first_child: NIL,
+                            next_sib: NIL,
+                            rseq: 0,
+                            rpos: 0,
+                            lo: 1,
+                            hi: 1,
+                        });
+                        table.insert(&nodes, tid, c);
+                        model.insert((tid, t), c);
+                    }
+                    _ => {}
+                }
+                assert_eq!(table.len(), model.len(), "round {round}");
+            }
+            for tid in 0..tids as u32 {
+                for t in 0..toks as u32 {
+                    assert_eq!(
+                        table.get(&nodes, tid, t),
+                        model.get(&(tid, t)).copied(),
+                        "round {round} ({tid}, {t})"
+                    );
+                }
+            }
+            for &(tid, t) in model.keys() {
+                table.remove(&nodes, tid, t);
+            }
+            assert!(table.is_empty());
+            assert!(table.slots.iter().all(|&e| e == EMPTY));
+        }
+    }
+}
+
+#[cfg(test)]
 mod interleaved_tests {
     use super::*;
 
