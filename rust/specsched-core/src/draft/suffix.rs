@@ -108,7 +108,7 @@ fn hkey(tid: u32, token: u32) -> u64 {
 const EMPTY: u64 = u64::MAX;
 
 /// Children of wide nodes, keyed by `(table id, first label)`: open addressing with linear
-/// probing over 8-byte slots `(table id << 32) | child`, at most 3/4 full. The key's token is
+/// probing over 8-byte slots `(table id << 32) | child`, at most 7/8 full. The key's token is
 /// the child's own `token`, so it is not stored: a probe reads a node only when the table id
 /// matches. A probe touches one or two adjacent cache lines (a table with separate control
 /// bytes touches two places), so an insert writes the line its probe just read, and a probe
