@@ -125,6 +125,22 @@ class _HeadDrafter:
     """What every head drafter shares: the head's state, start, commit, builder time."""
 
     state: _HeadState
+    # Flat parents and offsets of `b` copies of a fixed topology, per batch size `b`.
+    _layouts: dict[int, tuple[np.ndarray, np.ndarray]]
+
+    def _fixed_trees(self, parents: np.ndarray, tokens: torch.Tensor) -> TreeBatch:
+        """`tokens [B, n]` over `B` copies of one topology (`parents [n]`) as a TreeBatch.
+        Only the specsched call counts as build time; the layout is made once per `B`."""
+        b, n = tokens.shape
+        if b not in self._layouts:
+            flat_parents = np.tile(parents.astype(np.int32), b)
+            self._layouts[b] = (flat_parents, np.arange(b + 1, dtype=np.int64) * n)
+        flat_parents, offsets = self._layouts[b]
+        flat = tokens.reshape(-1).cpu().numpy()
+        t0 = time.perf_counter()
+        trees = TreeBatch.from_flat(flat_parents, flat, offsets)
+        self.state.build_seconds += time.perf_counter() - t0
+        return trees
 
     @property
     def build_seconds(self) -> float:
@@ -220,7 +236,8 @@ class EagleChainDrafter(_HeadDrafter):
             raise ValueError(f"depth: expected >= 1, got {depth}")
         self.depth = depth
         self.state = _HeadState(target, head, headroom)
-        self._layouts: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        self.parents = np.arange(-1, depth, dtype=np.int32)  # node i's parent is i - 1
+        self._layouts = {}
 
     @torch.inference_mode()
     def propose(self, roots: np.ndarray, active: np.ndarray) -> TreeBatch:
@@ -242,20 +259,7 @@ class EagleChainDrafter(_HeadDrafter):
                 torch.tensor([level - 1], device=dev),
                 ancestors[:, :, :level],
             )[:, 0]
-        flat = tokens.reshape(-1).cpu().numpy()
-        parents, offsets = self._layout(b)
-        t0 = time.perf_counter()
-        trees = TreeBatch.from_flat(parents, flat, offsets)
-        state.build_seconds += time.perf_counter() - t0
-        return trees
-
-    def _layout(self, b: int) -> tuple[np.ndarray, np.ndarray]:
-        """Flat parents and offsets of `b` chains, computed once per batch size."""
-        if b not in self._layouts:
-            n = self.depth + 1
-            chain = np.arange(-1, n - 1, dtype=np.int32)
-            self._layouts[b] = (np.tile(chain, b), np.arange(b + 1, dtype=np.int64) * n)
-        return self._layouts[b]
+        return self._fixed_trees(self.parents, tokens)
 
 
 class EagleStaticDrafter(_HeadDrafter):
@@ -299,7 +303,7 @@ class EagleStaticDrafter(_HeadDrafter):
             )
         self.ancestors = torch.as_tensor(self.topology.attention_mask()[:, 1:])
         self.state = _HeadState(target, head, headroom)
-        self._layouts: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        self._layouts = {}
 
     @torch.inference_mode()
     def propose(self, roots: np.ndarray, active: np.ndarray) -> TreeBatch:
@@ -325,18 +329,4 @@ class EagleStaticDrafter(_HeadDrafter):
                 columns,
                 ancestors[nodes][:, : int(nodes.max())].expand(b, -1, -1),
             )
-        flat = tokens.reshape(-1).cpu().numpy()
-        parents, offsets = self._layout(b)
-        t0 = time.perf_counter()
-        trees = TreeBatch.from_flat(parents, flat, offsets)
-        state.build_seconds += time.perf_counter() - t0
-        return trees
-
-    def _layout(self, b: int) -> tuple[np.ndarray, np.ndarray]:
-        """Flat parents and offsets of `b` copies of the topology, computed once per batch
-        size."""
-        if b not in self._layouts:
-            n = self.topology.num_nodes
-            parents = np.tile(self.parents.astype(np.int32), b)
-            self._layouts[b] = (parents, np.arange(b + 1, dtype=np.int64) * n)
-        return self._layouts[b]
+        return self._fixed_trees(self.parents, tokens)
