@@ -204,7 +204,6 @@ impl RequestTree {
 
     /// Links request `b`'s nodes to their parents, or names the first node that is not part of
     /// a tree.
-    #[inline(never)]
     fn link(&mut self, b: usize, sel: ArrayView1<'_, i64>, pl: ArrayView1<'_, i64>) -> Result<()> {
         let sel = row_slice(sel, &mut self.sel_buf);
         let pl = row_slice(pl, &mut self.pl_buf);
