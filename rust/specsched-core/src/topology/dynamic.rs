@@ -15,7 +15,7 @@
 use ndarray::{ArrayView1, ArrayView2, ArrayView3};
 
 use crate::error::{Error, Result};
-use crate::topology::{rank_order, select_top, ScoreLike};
+use crate::topology::{select_top, RankKey, ScoreLike};
 use crate::tree::{IndexLike, TreeBatch, MAX_NODES};
 
 /// What the next draft forward needs, row-major.
@@ -268,7 +268,7 @@ impl DynamicTreeBuilder {
         let new_w = old_w + k;
         let mut rows = vec![false; b * k * new_w];
         let mut parent_index = vec![0i64; b * k];
-        let mut keys: Vec<(f64, u32, u32)> = Vec::with_capacity(k * k);
+        let mut keys: Vec<RankKey> = Vec::with_capacity(k * k);
         for r in 0..b {
             let base = r * self.pool;
             keys.clear();
@@ -281,16 +281,16 @@ impl DynamicTreeBuilder {
                     self.scores[base + g] = s;
                     self.tokens[base + g] = topk_tokens[(r, j, c)].to_i64();
                     self.parents[base + g] = f as i32;
-                    keys.push((s, 0, g as u32));
+                    keys.push(RankKey::new(s, 0, g as u32));
                 }
             }
             // The next frontier in rank order (best first), like the draft's own top-k.
             if k < keys.len() {
-                keys.select_nth_unstable_by(k - 1, |a, b| rank_order(*a, *b));
+                keys.select_nth_unstable(k - 1);
             }
-            keys[..k].sort_unstable_by(|a, b| rank_order(*a, *b));
+            keys[..k].sort_unstable();
             for (j, key) in keys[..k].iter().enumerate() {
-                let g = key.2 as usize;
+                let g = key.index() as usize;
                 let slot = (g - base_step) / k;
                 parent_index[r * k + j] = slot as i64;
                 self.frontier[r * k + j] = g as u32;
@@ -327,14 +327,14 @@ impl DynamicTreeBuilder {
         let mut parents = Vec::with_capacity(b * n);
         let mut tokens = Vec::with_capacity(b * n);
         let mut pool_index = Vec::with_capacity(b * (n - 1));
-        let mut keys: Vec<(f64, u32, u32)> = Vec::with_capacity(m);
+        let mut keys: Vec<RankKey> = Vec::with_capacity(m);
         let mut chosen = Vec::with_capacity(n - 1);
         let mut node_of = vec![0i32; m];
         for r in 0..b {
             let base = r * self.pool;
             keys.clear();
             // Pool index grows with depth, so it breaks ties towards the shallower node.
-            keys.extend((0..m).map(|g| (self.scores[base + g], 0, g as u32)));
+            keys.extend((0..m).map(|g| RankKey::new(self.scores[base + g], 0, g as u32)));
             select_top(&mut keys, n - 1, &mut chosen);
             parents.push(-1i32);
             tokens.push(self.root_tokens[r]);

@@ -173,29 +173,47 @@ impl ScoreLike for f64 {
     }
 }
 
-/// The selection order of every top-N builder: higher score first, then shallower, then lower
-/// pool index. A child never scores above its parent and is deeper, so the parent always comes
-/// strictly before it: every prefix of this order is ancestor-closed, ties included.
-#[inline]
-pub fn rank_order(a: (f64, u32, u32), b: (f64, u32, u32)) -> std::cmp::Ordering {
-    // Scores are checked non-NaN before they get here, so partial_cmp never fails.
-    b.0.partial_cmp(&a.0)
-        .unwrap_or(std::cmp::Ordering::Equal)
-        .then(a.1.cmp(&b.1))
-        .then(a.2.cmp(&b.2))
+/// The selection order of every top-N builder as one integer: higher score first, then
+/// shallower, then lower pool index. A child never scores above its parent and is deeper, so
+/// the parent always comes strictly before it: every prefix of this order is ancestor-closed,
+/// ties included. One u128 compare instead of a float compare and two tie-breaks: selection
+/// is most of a dynamic tree's cost at B=64.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct RankKey(u128);
+
+impl RankKey {
+    /// `score` must not be NaN (every caller checks its scores first).
+    #[inline]
+    pub fn new(score: f64, depth: u32, index: u32) -> Self {
+        // -0.0 and 0.0 are the same score: adding 0.0 turns -0.0 into 0.0.
+        let bits = (score + 0.0).to_bits();
+        // IEEE order as unsigned order: negatives have all bits flipped, positives the sign set.
+        let ascending = if bits >> 63 == 1 {
+            !bits
+        } else {
+            bits | 1 << 63
+        };
+        RankKey(u128::from(!ascending) << 64 | u128::from(depth) << 32 | u128::from(index))
+    }
+
+    /// The pool index it was made with.
+    #[inline]
+    pub fn index(self) -> u32 {
+        self.0 as u32
+    }
 }
 
-/// Keeps the first `k` keys of `keys` in [`rank_order`] and returns their pool indices in
+/// Keeps the first `k` keys of `keys` in [`RankKey`] order and returns their pool indices in
 /// increasing order. O(M + k log k).
-pub fn select_top(keys: &mut [(f64, u32, u32)], k: usize, out: &mut Vec<u32>) {
+pub fn select_top(keys: &mut [RankKey], k: usize, out: &mut Vec<u32>) {
     out.clear();
     if k == 0 {
         return;
     }
     if k < keys.len() {
-        keys.select_nth_unstable_by(k - 1, |a, b| rank_order(*a, *b));
+        keys.select_nth_unstable(k - 1);
     }
-    out.extend(keys[..k].iter().map(|key| key.2));
+    out.extend(keys[..k].iter().map(|key| key.index()));
     out.sort_unstable();
 }
 
@@ -205,7 +223,7 @@ pub fn select_top(keys: &mut [(f64, u32, u32)], k: usize, out: &mut Vec<u32>) {
 /// carries `scores[i]`: its cumulative log score when `cumulative`, else the log acceptance
 /// estimate of the edge to it (cumulative = sum along the path). Log scores are `<= 0` (`-inf`
 /// allowed); a cumulative score may not exceed its parent's. The selection follows
-/// [`rank_order`], so it is ancestor-closed even with ties. The tree's node `n >= 1` is the
+/// [`RankKey`] order, so it is ancestor-closed even with ties. The tree's node `n >= 1` is the
 /// `n`-th selected candidate in increasing pool index (parents first); node 0 is the root with
 /// `root_token`. Returns the tree and the pool index of every draft node. O(M + N log N).
 pub fn top_n<P: IndexLike, S: ScoreLike, T: IndexLike>(
@@ -250,7 +268,9 @@ pub fn top_n<P: IndexLike, S: ScoreLike, T: IndexLike>(
             ),
         ));
     }
-    let mut keys: Vec<(f64, u32, u32)> = Vec::with_capacity(m);
+    // (cumulative score, depth) per candidate, for its children's checks and sums.
+    let mut path: Vec<(f64, u32)> = Vec::with_capacity(m);
+    let mut keys: Vec<RankKey> = Vec::with_capacity(m);
     for i in 0..m {
         let p = parents[i].to_i64();
         if p < -1 || p >= i as i64 {
@@ -272,7 +292,7 @@ pub fn top_n<P: IndexLike, S: ScoreLike, T: IndexLike>(
         let (score, depth) = if p < 0 {
             (s, 1)
         } else {
-            let (ps, pd, _) = keys[p as usize];
+            let (ps, pd) = path[p as usize];
             if cumulative {
                 if s > ps {
                     return Err(Error::value(
@@ -288,7 +308,8 @@ pub fn top_n<P: IndexLike, S: ScoreLike, T: IndexLike>(
                 (ps + s, pd + 1)
             }
         };
-        keys.push((score, depth, i as u32));
+        path.push((score, depth));
+        keys.push(RankKey::new(score, depth, i as u32));
     }
     let mut chosen = Vec::with_capacity(budget - 1);
     select_top(&mut keys, budget - 1, &mut chosen);
@@ -301,7 +322,7 @@ pub fn top_n<P: IndexLike, S: ScoreLike, T: IndexLike>(
         let g = g as usize;
         node_of[g] = n as i32 + 1;
         let p = parents[g].to_i64();
-        // Ancestor closure (see rank_order) guarantees the parent was selected earlier.
+        // Ancestor closure (see RankKey) guarantees the parent was selected earlier.
         tree_parents.push(if p < 0 { 0 } else { node_of[p as usize] });
         tree_tokens.push(tokens[g].to_i64());
     }
@@ -312,6 +333,45 @@ pub fn top_n<P: IndexLike, S: ScoreLike, T: IndexLike>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn rank_key_orders_score_desc_then_depth_then_index() {
+        // The order spelled out with float comparisons, as the tuple it encodes.
+        let by_tuple = |a: &(f64, u32, u32), b: &(f64, u32, u32)| {
+            b.0.partial_cmp(&a.0)
+                .unwrap()
+                .then(a.1.cmp(&b.1))
+                .then(a.2.cmp(&b.2))
+        };
+        let scores = [
+            0.0,
+            -0.0,
+            -f64::MIN_POSITIVE / 2.0, // subnormal
+            -f64::MIN_POSITIVE,
+            -1e-300,
+            -0.5,
+            -1.0,
+            -1.0 - f64::EPSILON,
+            -f64::MAX,
+            f64::NEG_INFINITY,
+        ];
+        let mut keys = Vec::new();
+        for (i, &s) in scores.iter().enumerate() {
+            for depth in [0u32, 1, 7, u32::MAX] {
+                for index in [0u32, 3, u32::MAX] {
+                    keys.push((s, depth, index ^ i as u32));
+                }
+            }
+        }
+        for a in &keys {
+            for b in &keys {
+                let want = by_tuple(a, b);
+                let got = RankKey::new(a.0, a.1, a.2).cmp(&RankKey::new(b.0, b.1, b.2));
+                assert_eq!(got, want, "{a:?} vs {b:?}");
+            }
+            assert_eq!(RankKey::new(a.0, a.1, a.2).index(), a.2);
+        }
+    }
 
     const NONE: Option<ArrayView1<'static, i64>> = None;
 

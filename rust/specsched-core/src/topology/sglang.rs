@@ -14,7 +14,7 @@
 use ndarray::{ArrayView1, ArrayView2};
 
 use crate::error::{Error, Result};
-use crate::topology::{select_top, ScoreLike};
+use crate::topology::{select_top, RankKey, ScoreLike};
 use crate::tree::IndexLike;
 
 /// SGLang's `TreeMaskMode`, with the output buffer it fills.
@@ -121,7 +121,7 @@ pub fn organize_draft_results<S: ScoreLike, T: IndexLike>(
             format!("output buffers must hold {} entries", bs * k),
         ));
     }
-    let mut keys: Vec<(f64, u32, u32)> = Vec::with_capacity(m);
+    let mut keys: Vec<RankKey> = Vec::with_capacity(m);
     let mut chosen = Vec::with_capacity(k);
     for b in 0..bs {
         keys.clear();
@@ -135,7 +135,7 @@ pub fn organize_draft_results<S: ScoreLike, T: IndexLike>(
             }
             // Pool index grows with the draft step, so it also breaks ties towards the
             // shallower candidate: the depth field can stay 0.
-            keys.push((s, 0, g as u32));
+            keys.push(RankKey::new(s, 0, g as u32));
         }
         select_top(&mut keys, k, &mut chosen);
         for (j, &g) in chosen.iter().enumerate() {
