@@ -231,7 +231,9 @@ class EagleChainDrafter(_HeadDrafter):
     tokens). Same drafts as `EagleDrafter(topk=1, depth=depth, budget=depth + 1)`, which pays
     one builder call per level for a selection a chain does not need."""
 
-    def __init__(self, target: TinyLM, head: EagleHead, *, depth: int = 6, headroom: int = 512):
+    def __init__(
+        self, target: TinyLM, head: EagleHead, *, depth: int = 6, headroom: int = 512
+    ) -> None:
         if depth < 1:
             raise ValueError(f"depth: expected >= 1, got {depth}")
         self.depth = depth
