@@ -34,7 +34,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from specsched._kv import compact_kv
-from specsched._torch import host_view
+from specsched._torch import host_view, raw_cpu_view
 
 WEIGHTS_DIR = Path(__file__).parent / "tiny_stdlib"
 
@@ -310,8 +310,9 @@ class TinyTarget:
     """`TinyLM` as a `specsched.generate.TargetModel`: one cache tensor
     `[layers, 2, B, H, S, D]`, compacted by one `specsched.compact_kv` call per step.
 
-    On the CPU it hands specsched numpy views of its logits and cache (`_torch.host_view`),
-    made right after the forward while torch's code is still in the CPU caches.
+    On the CPU it hands specsched numpy views of its logits (`_torch.host_view`) and of its
+    cache (`_torch.raw_cpu_view`, the view `compact_kv` would make, bfloat16 included), made
+    right after the forward while torch's code is still in the CPU caches.
     """
 
     def __init__(self, model: TinyLM, *, headroom: int = 256) -> None:
@@ -342,7 +343,7 @@ class TinyTarget:
         empty = torch.zeros(
             (cfg.n_layers, 2, b, cfg.n_heads, 0, cfg.head_dim), dtype=self.dtype, device=self.device
         )
-        self.cache = grow_seq(empty, self.SEQ_DIM, width, self.headroom)
+        self._set_cache(grow_seq(empty, self.SEQ_DIM, width, self.headroom))
         positions = torch.arange(width).expand(b, width).to(self.device)
         causal = torch.ones((width, width), dtype=torch.bool).tril().expand(b, width, width)
         features = self.model.step(
@@ -351,7 +352,6 @@ class TinyTarget:
         last = torch.as_tensor(lens - 1, device=self.device)
         rows = torch.arange(b, device=self.device)
         self.lengths = lens
-        self.cache_host = host_view(self.cache)
         return TargetStep(host_view(self.model.logits(features[rows, last])), features)
 
     @torch.inference_mode()
@@ -365,7 +365,7 @@ class TinyTarget:
             )
         cache = grow_seq(self.cache, self.SEQ_DIM, int(self.lengths.max()) + n, self.headroom)
         if cache is not self.cache:
-            self.cache, self.cache_host = cache, host_view(cache)
+            self._set_cache(cache)
         padded = pad_trees(trees, self.lengths)
         dev = self.device
         lengths = torch.as_tensor(self.lengths, device=dev)
@@ -382,6 +382,11 @@ class TinyTarget:
         cols = torch.as_tensor(padded.cols, device=dev)
         features = features[rows, cols]  # tree order, padding dropped before the LM head
         return TargetStep(host_view(self.model.logits(features)), features)
+
+    def _set_cache(self, cache: torch.Tensor) -> None:
+        """A new cache tensor and its host view (made once per allocation, not per step)."""
+        self.cache = cache
+        self.cache_host = raw_cpu_view(cache) if cache.device.type == "cpu" else cache
 
     def accept(self, result: Any) -> None:
         # compact_kv returns the committed lengths: no array arithmetic here (each numpy op
