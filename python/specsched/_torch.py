@@ -55,9 +55,9 @@ def host_view(t: torch.Tensor) -> Any:
     devices and for bfloat16.
 
     For a target to hand its logits to specsched right after its forward (`raw_cpu_view` is
-    the one for a cache): the
-    conversion then runs while torch's code is still in the CPU caches (~2 µs), instead of at
-    specsched's next call, after the forward has evicted them (15-35 µs on a 2-core VM).
+    the one for a cache): the conversion then runs while torch's code is still in the CPU
+    caches (~2 µs), instead of at specsched's next call, after the forward has evicted them
+    (15-35 µs on a 2-core VM).
     """
     import torch
 
