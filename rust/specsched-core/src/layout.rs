@@ -142,7 +142,7 @@ pub fn fill_paths(tree: TreeRef<'_>, width: usize, out: &mut [i32]) -> Result<()
             ),
         ));
     }
-    if out.len() % width.max(1) != 0 || out.len() / width.max(1) < tree.num_leaves {
+    if !out.len().is_multiple_of(width.max(1)) || out.len() / width.max(1) < tree.num_leaves {
         return Err(Error::value(
             "out",
             format!("cannot hold {} paths of width {width}", tree.num_leaves),
@@ -339,7 +339,7 @@ impl BitWriter<'_> {
 
     /// `count` set bits; whole bytes are written at once (the prefix columns are long runs).
     fn push_ones(&mut self, mut count: usize) {
-        while count > 0 && self.pos % 8 != 0 {
+        while count > 0 && !self.pos.is_multiple_of(8) {
             self.push(true);
             count -= 1;
         }

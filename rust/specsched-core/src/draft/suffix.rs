@@ -1678,7 +1678,7 @@ mod tests {
             let mut idx = SuffixIndex::new(depth).unwrap();
             let mut live: Vec<(u32, Vec<u32>)> = Vec::new();
             for _ in 0..6 {
-                if !live.is_empty() && rng(&mut x) % 3 == 0 {
+                if !live.is_empty() && rng(&mut x).is_multiple_of(3) {
                     let k = (rng(&mut x) as usize) % live.len();
                     let (s, _) = live.remove(k);
                     idx.remove_seq(s);
