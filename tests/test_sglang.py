@@ -177,6 +177,31 @@ def test_build_matches_reference_in_every_mask_mode(bs, topk, steps, data, ties)
             assert mask.dtype == [np.uint8, np.uint16, np.uint32, np.uint32][(n - 1) // 8]
 
 
+@settings(max_examples=25, deadline=None)
+@given(st.integers(1, 3), st.integers(5, 8), st.integers(3, 4), st.data())
+def test_dense_masks_match_reference_past_32_and_64_nodes(bs, topk, steps, data):
+    # Up to 64 nodes the rows are written from ancestor bit words (with AVX-512), past 64 by
+    # copying parent rows: both against the reference, in both dense modes.
+    pool = topk + (steps - 1) * topk * topk
+    n = data.draw(st.integers(33, min(pool + 1, 130)))
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
+    score_list, token_list, parents_list = sglang_draft(rng, bs, topk, steps, vocab=20)
+    parent_list, top_index, draft = sg.organize_draft_results(
+        score_list, token_list, parents_list, n
+    )
+    seq = rng.integers(0, 40, size=bs)
+    vid = rng.integers(0, 20, size=bs)
+    for mode in (sg.TreeMaskMode.FULL_MASK, sg.TreeMaskMode.QLEN_ONLY):
+        got = sg.build_tree_kernel_efficient(
+            vid, parent_list, top_index, draft, seq, int(seq.sum()), topk, steps, n, mode
+        )
+        want = ref.sglang_build_tree(
+            parent_list.tolist(), top_index.tolist(), seq.tolist(), topk, n, int(mode)
+        )
+        for g, w in zip(got[:5], want, strict=True):
+            assert np.asarray(g).ravel().tolist() == np.asarray(w).ravel().tolist()
+
+
 def verify_inputs(rng, bs, topk, steps, n):
     score_list, token_list, parents_list = sglang_draft(rng, bs, topk, steps, vocab=20)
     parent_list, top_index, draft = sg.organize_draft_results(

@@ -178,10 +178,12 @@ pub fn check_seq_lens(seq_lens: ArrayView1<'_, i64>) -> Result<Vec<usize>> {
 struct RequestTree {
     parent: Vec<usize>,
     depth: Vec<i64>,
-    /// `node_of[g]` is the node of pool candidate `g`, valid when `stamp[g]` is the current
-    /// request's tag: an O(1) parent lookup with no per-request reset.
-    node_of: Vec<u32>,
-    stamp: Vec<u32>,
+    /// Ancestor sets as bit words, exact when `N <= 64`: bit `j` of `anc[i]` is set iff node
+    /// `j` is node `i` or one of its ancestors (one OR per node; mask rows are read from it).
+    anc: Vec<u64>,
+    /// `placed[g] = (tag, node)`: pool candidate `g` is node `node` of the request whose tag
+    /// is `tag` (request index + 1), an O(1) parent lookup with no per-request reset.
+    placed: Vec<(u32, u32)>,
     topk: i64,
     /// Rows as plain slices, copied here when the caller's rows are strided: ndarray indexing
     /// per node costs more than the work per node.
@@ -194,47 +196,41 @@ impl RequestTree {
         Self {
             parent: vec![0; n],
             depth: vec![0; n],
-            node_of: vec![0; pool],
-            stamp: vec![0; pool],
+            anc: vec![1; n],
+            placed: vec![(0, 0); pool],
             topk,
             sel_buf: vec![0; n - 1],
             pl_buf: vec![0; width],
         }
     }
 
-    /// Links request `b`'s nodes to their parents, or names the first node that is not part of
-    /// a tree.
+    /// Links request `b`'s nodes to their parents (depths and ancestor words with them), or
+    /// names the first node that is not part of a tree.
     fn link(&mut self, b: usize, sel: ArrayView1<'_, i64>, pl: ArrayView1<'_, i64>) -> Result<()> {
         let sel = row_slice(sel, &mut self.sel_buf);
         let pl = row_slice(pl, &mut self.pl_buf);
         let Self {
             parent,
             depth,
-            node_of,
-            stamp,
+            anc,
+            placed,
             topk,
             ..
         } = self;
-        let (pool, topk, tag) = (stamp.len() as i64, *topk, b as u32 + 1);
+        let (topk, tag) = (*topk, b as u32 + 1);
         let mut prev = -1i64;
         // Candidates of one draft slot (`g / topk`) share a parent, and the selection is
         // sorted: the parent is looked up once per slot, not once per node.
-        let (mut slot_end, mut p) = (topk, 0usize);
-        for (i, &g) in (1..).zip(sel) {
-            if g < 0 || g >= pool {
-                return Err(Error::index(
-                    "top_scores_index",
-                    format!("request {b}, node {i}: candidate {g} is outside the pool [0, {pool})"),
-                ));
-            }
-            if g <= prev {
-                return Err(Error::value(
-                    "top_scores_index",
-                    format!(
-                        "request {b}, node {i}: candidate {g} does not follow {prev} (the \
-                         selection must be sorted and without repeats)"
-                    ),
-                ));
+        let (mut slot_end, mut p, mut p_depth, mut p_anc) = (topk, 0usize, 0i64, 1u64);
+        // Equal lengths, so the compiler drops the per-node bounds checks.
+        let n = sel.len() + 1;
+        let (parent, depth, anc) = (&mut parent[..n], &mut depth[..n], &mut anc[..n]);
+        for i in 1..n {
+            let g = sel[i - 1];
+            // `prev >= -1`, so a candidate above it is not negative either.
+            let gu = g as usize;
+            if g <= prev || gu >= placed.len() {
+                return Err(bad_candidate(b, i, g, prev, placed.len()));
             }
             prev = g;
             if g >= slot_end {
@@ -252,8 +248,8 @@ impl RequestTree {
                 };
                 // Candidates are stamped as they are placed, so a parent that is selected
                 // before node i is found in O(1); anything else is not a tree.
-                p = match usize::try_from(pg) {
-                    Ok(q) if q < stamp.len() && stamp[q] == tag => node_of[q] as usize,
+                p = match usize::try_from(pg).ok().and_then(|q| placed.get(q)) {
+                    Some(&(t, node)) if t == tag => node as usize,
                     _ => {
                         return Err(Error::value(
                             "top_scores_index",
@@ -264,13 +260,34 @@ impl RequestTree {
                         ))
                     }
                 };
+                p_depth = depth[p];
+                p_anc = anc[p];
             }
             parent[i] = p;
-            depth[i] = depth[p] + 1;
-            stamp[g as usize] = tag;
-            node_of[g as usize] = i as u32;
+            depth[i] = p_depth + 1;
+            anc[i] = p_anc | 1u64.checked_shl(i as u32).unwrap_or(0);
+            placed[gu] = (tag, i as u32);
         }
         Ok(())
+    }
+}
+
+/// The error for node `i`'s candidate `g`, which is outside the pool or breaks the order.
+#[cold]
+fn bad_candidate(b: usize, i: usize, g: i64, prev: i64, pool: usize) -> Error {
+    if g < 0 || g as usize >= pool {
+        Error::index(
+            "top_scores_index",
+            format!("request {b}, node {i}: candidate {g} is outside the pool [0, {pool})"),
+        )
+    } else {
+        Error::value(
+            "top_scores_index",
+            format!(
+                "request {b}, node {i}: candidate {g} does not follow {prev} (the selection \
+                 must be sorted and without repeats)"
+            ),
+        )
     }
 }
 
@@ -344,11 +361,11 @@ pub fn build_tree(
     let mut full_base = 0usize;
     for (b, &seq_len) in seq_lens.iter().enumerate() {
         tree.link(b, selected_index.row(b), parent_list.row(b))?;
-        let RequestTree { parent, depth, .. } = &tree;
+        let RequestTree {
+            parent, depth, anc, ..
+        } = &tree;
         let row0 = b * n;
         let s = seq_len as i64;
-        retrive_next_token[row0..row0 + n].fill(-1);
-        retrive_next_sibling[row0..row0 + n].fill(-1);
         for (i, (pos, ri)) in positions[row0..row0 + n]
             .iter_mut()
             .zip(&mut retrive_index[row0..row0 + n])
@@ -357,19 +374,23 @@ pub fn build_tree(
             *pos = s + depth[i];
             *ri = (row0 + i) as i64;
         }
+        let next_token = &mut retrive_next_token[row0..row0 + n];
+        let next_sibling = &mut retrive_next_sibling[row0..row0 + n];
+        next_token.fill(-1);
+        next_sibling[0] = -1;
         for i in (1..n).rev() {
-            let p = row0 + parent[i];
-            retrive_next_sibling[row0 + i] = retrive_next_token[p];
-            retrive_next_token[p] = i as i64;
+            let p = parent[i];
+            next_sibling[i] = next_token[p];
+            next_token[p] = i as i64;
         }
         match &mut tree_mask {
             MaskOut::Full(m) => {
                 let cols = seq_len + n;
                 let seg = &mut m[full_base..full_base + n * cols];
-                fill_rows(seg, cols, seq_len, parent);
+                fill_rows(seg, cols, seq_len, parent, anc);
                 full_base += n * cols;
             }
-            MaskOut::Qlen(m) => fill_rows(&mut m[row0 * n..(row0 + n) * n], n, 0, parent),
+            MaskOut::Qlen(m) => fill_rows(&mut m[row0 * n..(row0 + n) * n], n, 0, parent, anc),
             MaskOut::Packed8(m) => fill_words(&mut m[row0..row0 + n], parent, |i| 1u8 << i),
             MaskOut::Packed16(m) => fill_words(&mut m[row0..row0 + n], parent, |i| 1u16 << i),
             MaskOut::Packed32(m) => fill_words(&mut m[row0..row0 + n], parent, |i| 1u32 << i),
@@ -391,8 +412,22 @@ fn row_slice<'a>(row: ArrayView1<'a, i64>, buf: &'a mut [i64]) -> &'a [i64] {
 }
 
 /// Dense rows of `cols` bools: `prefix` leading Trues, then the tree part. A row's tree part is
-/// its parent's (complete: parents come first) plus its own bit.
-fn fill_rows(seg: &mut [bool], cols: usize, prefix: usize, parent: &[usize]) {
+/// its parent's (complete: parents come first) plus its own bit; with AVX-512 and `N <= 64`,
+/// each row is written straight from its ancestor word instead.
+fn fill_rows(seg: &mut [bool], cols: usize, prefix: usize, parent: &[usize], anc: &[u64]) {
+    #[cfg(target_arch = "x86_64")]
+    if anc.len() <= 64 && spread::available() {
+        // SAFETY: the CPU has AVX-512BW (checked by `available`).
+        unsafe { spread::rows(seg, cols, prefix, anc) };
+        return;
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = anc;
+    copy_rows(seg, cols, prefix, parent);
+}
+
+/// [`fill_rows`] by copying each parent's row (any `N`, any CPU).
+fn copy_rows(seg: &mut [bool], cols: usize, prefix: usize, parent: &[usize]) {
     for (i, &p) in parent.iter().enumerate() {
         let row = i * cols;
         seg[row..row + prefix].fill(true);
@@ -402,6 +437,46 @@ fn fill_rows(seg: &mut [bool], cols: usize, prefix: usize, parent: &[usize]) {
             seg.copy_within(p * cols + prefix..(p + 1) * cols, row + prefix);
         }
         seg[row + prefix + i] = true;
+    }
+}
+
+/// Mask rows written from ancestor words: one masked 64-byte store per row, where copying the
+/// parent's row costs a `memmove` call (most of the build at `N = 64` without it).
+#[cfg(target_arch = "x86_64")]
+mod spread {
+    use std::arch::x86_64::*;
+
+    pub(super) fn available() -> bool {
+        std::arch::is_x86_feature_detected!("avx512bw")
+    }
+
+    /// [`super::fill_rows`] from the ancestor words `anc` (`anc.len() == N <= 64`): byte `j`
+    /// of a row's tree part is bit `j` of its word.
+    ///
+    /// # Safety
+    /// The CPU must support AVX-512BW.
+    #[target_feature(enable = "avx512bw")]
+    pub(super) unsafe fn rows(seg: &mut [bool], cols: usize, prefix: usize, anc: &[u64]) {
+        let n = anc.len();
+        assert!(n <= 64 && prefix + n <= cols && seg.len() >= n * cols);
+        let ones = _mm512_set1_epi8(1);
+        let in_row = u64::MAX >> (64 - n);
+        for (i, &bits) in anc.iter().enumerate() {
+            let row = &mut seg[i * cols..(i + 1) * cols];
+            if prefix > 0 {
+                row[..prefix].fill(true);
+            }
+            // SAFETY: the store writes only the bytes selected by `in_row`, `row[prefix..prefix
+            // + n]`, in bounds (asserted above); unaligned stores are allowed; each byte is 0
+            // or 1, a valid `bool`.
+            unsafe {
+                _mm512_mask_storeu_epi8(
+                    row.as_mut_ptr().add(prefix).cast(),
+                    in_row,
+                    _mm512_maskz_mov_epi8(bits, ones),
+                );
+            }
+        }
     }
 }
 
@@ -472,7 +547,7 @@ pub fn verify_tree_greedy(
     if bs == 0 {
         return Ok(());
     }
-    if accept_index.is_empty() || accept_index.len() % bs != 0 {
+    if accept_index.is_empty() || !accept_index.len().is_multiple_of(bs) {
         return Err(Error::value(
             "accept_index",
             format!(
@@ -617,6 +692,39 @@ mod tests {
         assert_eq!(r.next_sibling, [-1, 2, -1, -1]);
         let row3: Vec<bool> = r.mask[12..16].to_vec();
         assert_eq!(row3, [true, false, true, true]);
+    }
+
+    /// Random trees (parents first) and their ancestor words.
+    fn random_tree(n: usize, seed: u64) -> (Vec<usize>, Vec<u64>) {
+        let mut parent = vec![0; n];
+        let mut anc = vec![1u64; n];
+        for i in 1..n {
+            parent[i] = (crate::rng::hash(seed, 0, i as u64, 0) % i as u64) as usize;
+            anc[i] = anc[parent[i]] | 1 << i;
+        }
+        (parent, anc)
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn rows_from_ancestor_words_equal_copied_rows() {
+        if !spread::available() {
+            eprintln!("skipped: no AVX-512BW on this CPU (the copy path is tested everywhere)");
+            return;
+        }
+        for n in [1, 2, 7, 8, 31, 32, 33, 63, 64] {
+            for prefix in [0, 1, 5, 64] {
+                let (parent, anc) = random_tree(n, n as u64 * 31 + prefix as u64);
+                let cols = prefix + n;
+                // Stale bytes everywhere: each writer must overwrite the whole row.
+                let mut want = vec![true; n * cols];
+                let mut got = vec![true; n * cols];
+                copy_rows(&mut want, cols, prefix, &parent);
+                // SAFETY: AVX-512BW is available (checked above).
+                unsafe { spread::rows(&mut got, cols, prefix, &anc) };
+                assert_eq!(got, want, "n={n} prefix={prefix}");
+            }
+        }
     }
 
     #[test]
