@@ -7,6 +7,8 @@ in reasonable time, and the vectorized peer a serving engineer would write:
   it allocate), vs a numpy port of sgl-kernel's `build_tree_efficient` (parents by sorted
   search, ancestors by climbing one level per step for all nodes at once) and the reference.
   Inputs: a topk=8, 4-step SGLang draft (pool of 200 per request), organized outside the timer.
+  `write_floor` only fills the same outputs (the 256 KiB mask and four int64 `[bs, N]`
+  arrays) with numpy's `fill`: the memory traffic any implementation pays, for scale.
 - "sequoia dp budget=128 depth=16": the exact DP for a non-monotone 32-rank vector, vs the
   same recurrence in numpy (vectorized over the split for every size at once).
 - "sequoia heap budget=128 depth=16": the greedy heap for a non-increasing vector, vs a
@@ -72,7 +74,7 @@ def numpy_sglang_build(parent_list, sel, seq_lens, topk, n):
     return mask.ravel(), positions, retrive_index, next_token, next_sibling
 
 
-SGLANG = ["rust", "rust_alloc", "numpy_peer", "reference"]
+SGLANG = ["rust", "rust_alloc", "numpy_peer", "reference", "write_floor"]
 
 
 @pytest.mark.parametrize("contender", SGLANG)
@@ -95,6 +97,15 @@ def test_sglang_build(benchmark, contender):
             )[:5]
 
         got = run(benchmark, fn)
+    elif contender == "write_floor":
+        outs = np.empty(bs * n * n, dtype=bool), np.empty((4, bs * n), dtype=np.int64)
+
+        def fill():
+            outs[0].fill(False)
+            outs[1].fill(-1)
+
+        benchmark(fill)
+        return
     elif contender == "numpy_peer":
         got = run(benchmark, lambda: numpy_sglang_build(pl, sel, seq, topk, n))
     else:
