@@ -6,8 +6,10 @@ outside the timed calls.
   whose own index holds N tokens (`own`), or from a global cache of N tokens (`global`).
   Contenders: `rust` (`SuffixDrafter.propose`) and `reference` (the plain-Python twin, which
   counts by brute force; 10^4 tokens only).
-- `append`: indexing 10^5 tokens at max_depth 64 (`rust` only; the reference just stores the
-  list). Tokens/s and bytes per indexed token are in `extra_info`.
+- `append`: indexing 10^5 tokens at max_depth 64 as a request's prompt (`rust` only; the
+  reference just stores the list): source bytes are repetitive, so the index is built from the
+  suffixes sorted by their first 64 tokens (see `SuffixIndex::index_sorted`). Tokens/s and
+  bytes per indexed token are in `extra_info`.
 - `ngram-*`: vLLM's prompt lookup over an N-token context: `rust` (`NgramDrafter`),
   `reference` (the definition, brute force; 10^4 only) and `numpy_peer` (sliding windows, the
   vectorized matcher a peer would write).

@@ -5,7 +5,9 @@ input, state preservation on failure, and thread safety."""
 from __future__ import annotations
 
 import math
+import sysconfig
 import threading
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -174,6 +176,49 @@ def test_suffix_global_cache_matches_reference(
     d.start_request(0, prompt)
     r.start_request(0, prompt)
     _check_same(d, r, 0, p)
+
+
+def _stdlib_bytes(n: int) -> np.ndarray:
+    root = Path(sysconfig.get_paths()["stdlib"])
+    out = bytearray()
+    for path in sorted(root.rglob("*.py")):
+        if "test" not in path.parts:
+            out += path.read_bytes()
+        if len(out) >= n:
+            break
+    return np.frombuffer(bytes(out[:n]), dtype=np.uint8).astype(np.int64)
+
+
+def test_long_repetitive_prompt_indexed_from_sorted_suffixes() -> None:
+    # A first prompt this long and repetitive (source bytes) is indexed from its sorted
+    # suffixes, not token by token: the proposals are the reference's and those of the same
+    # tokens appended in pieces (online), before and after more appends.
+    toks = _stdlib_bytes(24_000)
+    sorted_ = ss.SuffixDrafter(max_depth=32, max_global_tokens=0)
+    sorted_.start_request(0, toks[:20_000])
+    online = ss.SuffixDrafter(max_depth=32, max_global_tokens=0)
+    online.start_request(0, toks[:100])
+    for piece in np.array_split(toks[100:20_000], 25):
+        online.append(0, piece)
+    r = ref.ReferenceSuffixDrafter(32, 0)
+    r.start_request(0, toks[:20_000].tolist())
+    assert sorted_.memory_bytes <= online.memory_bytes
+
+    def same(end: int, p: tuple) -> None:
+        a = sorted_.propose(0, p[0], p[1], p[2], chain=p[3])
+        b = online.propose(0, p[0], p[1], p[2], chain=p[3])
+        assert a.tree == b.tree and a.probs.tolist() == b.probs.tolist(), end
+        assert (a.score, a.match_len) == (b.score, b.match_len)
+
+    _check_same(sorted_, r, 0, (24, 0.05, 4.0, False, True))
+    for end in range(20_000, 24_000, 400):
+        for p in ((31, 0.01, 32.0, False), (8, 0.2, 1.0, True)):
+            same(end, p)
+        more = toks[end : end + 400]
+        sorted_.append(0, more)
+        online.append(0, more)
+        r.append(0, more.tolist())
+    _check_same(sorted_, r, 0, (16, 0.1, 1.0, False, True))
 
 
 def test_suffix_known_vector() -> None:

@@ -8,6 +8,7 @@
 //! Token ids are integers in `0..=MAX_TOKEN_ID`; they are stored as `u32` internally.
 
 pub mod ngram;
+mod sort;
 pub mod suffix;
 
 use crate::error::{Error, Result};
@@ -31,4 +32,20 @@ pub fn check_tokens(arg: &'static str, tokens: &[i64]) -> Result<Vec<u32>> {
             }
         })
         .collect()
+}
+
+/// Starts loading `x`'s cache line (a hint: no effect on any result).
+#[inline(always)]
+pub(crate) fn prefetch<T>(x: &T) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: a prefetch has no architectural effect (it cannot fault and reads nothing the
+    // program observes), and the pointer comes from a live reference; SSE is part of the
+    // x86_64 baseline.
+    unsafe {
+        core::arch::x86_64::_mm_prefetch::<{ core::arch::x86_64::_MM_HINT_T0 }>(
+            (x as *const T).cast::<i8>(),
+        );
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = x;
 }
