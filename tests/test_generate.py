@@ -153,6 +153,74 @@ def test_eos_and_length_cut_inside_an_accepted_path() -> None:
     assert short.tokens == [row[:4] for row in ar.tokens]
 
 
+def test_trees_are_cut_to_the_tokens_a_request_has_left() -> None:
+    # `_clip` keeps the nodes of depth <= the row's limit, parents remapped, order kept.
+    from specsched.generate import _clip
+
+    rng = np.random.default_rng(0)
+    for _ in range(50):
+        trees = [
+            ss.Tree(
+                np.array([-1, *[int(rng.integers(i)) for i in range(1, n)]], np.int32),
+                rng.integers(0, 9, size=n),
+            )
+            for n in rng.integers(1, 12, size=4)
+        ]
+        batch = ss.TreeBatch(trees)
+        limit = rng.integers(0, 5, size=4)
+        cut = _clip(batch, limit)
+        for b, tree in enumerate(trees):
+            keep = np.flatnonzero(tree.depths <= limit[b])
+            new_of = {int(old): new for new, old in enumerate(keep)}
+            want_parents = [
+                -1 if tree.parents[i] < 0 else new_of[int(tree.parents[i])] for i in keep
+            ]
+            assert cut[b].parents.tolist() == want_parents
+            assert cut[b].tokens.tolist() == tree.tokens[keep].tolist()
+    models = toy_models(vocab=4, seed=5, mismatch=0.3)
+    # Near the end, a request is verified only as deep as it can still emit: the ToyDrafter's
+    # depth-2 trees are cut to the root and one level when one or two tokens are left.
+    target = ToyTarget(models.target_logits)
+    seen: list[int] = []
+    forward = target.forward_tree
+
+    def record(trees: ss.TreeBatch) -> TargetStep:
+        seen.append(int(trees.max_depth))
+        return forward(trees)
+
+    target.forward_tree = record  # type: ignore[method-assign]
+    out = generate(target, ToyDrafter(models.draft_logits), [[0, 1]], 6)
+    ar = generate(ToyTarget(models.target_logits), None, [[0, 1]], 6)
+    assert out.tokens == ar.tokens
+    left = 6 - 1  # the first token comes from the prefill
+    for depth, k in zip(seen, out.accepted[0], strict=True):
+        assert depth <= left - 1
+        left -= k + 1
+
+
+def test_target_synchronize_is_called_around_its_work() -> None:
+    # A target with device work queued asynchronously gets `synchronize()` after prefill,
+    # each forward and each accept, so that the time split counts its device time as its own.
+    models = toy_models(vocab=4, seed=5, mismatch=0.3)
+    calls: list[str] = []
+
+    class Synced(ToyTarget):
+        def forward_tree(self, trees: ss.TreeBatch) -> TargetStep:
+            calls.append("forward")
+            return super().forward_tree(trees)
+
+        def accept(self, result: Any) -> None:
+            calls.append("accept")
+            super().accept(result)
+
+        def synchronize(self) -> None:
+            calls.append("sync")
+
+    out = generate(Synced(models.target_logits), ToyDrafter(models.draft_logits), [[0, 1]], 5)
+    assert calls[0] == "sync"  # after the prefill
+    assert calls[1:] == ["forward", "sync", "accept", "sync"] * out.steps
+
+
 def test_bad_arguments() -> None:
     target = ToyTarget(toy_models(vocab=4).target_logits)
     with pytest.raises(ValueError, match="max_new_tokens"):
@@ -310,6 +378,21 @@ def random_model(seed: int) -> TinyLM:
     with torch.no_grad():
         model.embed.weight.normal_(0, 1.0)  # a sharper, less repetitive random model
     return model
+
+
+def test_a_request_that_fits_the_model_autoregressively_fits_speculatively() -> None:
+    # prompt + max_new_tokens reaches the model's last position: drafts past it are cut by
+    # generate (the target never sees them) and scored at the last position by the head.
+    torch.manual_seed(0)
+    cfg = TinyConfig(d_model=64, n_layers=2, n_heads=2, d_ff=128, max_positions=32)
+    model, head = TinyLM(cfg).double().eval(), EagleHead(cfg).double().eval()
+    prompt = [[1, 2, 3, 4]]
+    ar = generate(TinyTarget(model), None, prompt, 29)  # feeds positions up to 31
+    for drafter in (
+        EagleChainDrafter(model, head, depth=5),
+        EagleDrafter(model, head, topk=2, depth=4, budget=8),
+    ):
+        assert generate(TinyTarget(model), drafter, prompt, 29).tokens == ar.tokens
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])

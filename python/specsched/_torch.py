@@ -66,6 +66,16 @@ def host_view(t: torch.Tensor) -> Any:
     return t.detach().numpy()
 
 
+def synchronize(device: torch.device) -> None:
+    """Waits for the work queued on `device` (CUDA runs kernels asynchronously); no-op on
+    the CPU. For a target's `synchronize`, which `generate` calls so that the time split
+    counts the target's device time as target time."""
+    import torch
+
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def raw_cpu_view(t: torch.Tensor) -> np.ndarray:
     """A numpy view of any CPU tensor's bytes, for dtype-agnostic in-place moves."""
     import torch

@@ -65,6 +65,10 @@ class TargetModel(Protocol):
         `L_b += k_b + 1`."""
         ...
 
+    # Optional: `synchronize()`, waiting for the work the target queued on its device (CUDA
+    # runs kernels asynchronously). `generate` calls it after the target's calls, so that
+    # their device time is counted as target time, not in the next host wait (verify's).
+
 
 class Drafter(Protocol):
     """Proposes draft trees. Optional: `build_seconds` (float, cumulative time spent inside
@@ -179,17 +183,28 @@ def root_only(roots: np.ndarray) -> TreeBatch:
     return TreeBatch.from_flat(np.full(b, -1, np.int32), roots, np.arange(b + 1, dtype=np.int64))
 
 
-def _retire(trees: TreeBatch, active: np.ndarray) -> TreeBatch:
-    """`trees` with the rows of finished requests cut to their root."""
+def _clip(trees: TreeBatch, max_depth: np.ndarray) -> TreeBatch:
+    """`trees` without the nodes deeper than their row's `max_depth` (0: the root alone).
+
+    A request with `r` tokens left to emit can use a path of at most `r` tokens, the drafts
+    at depth `<= r - 1` and the bonus token: deeper nodes would be verified for nothing, at
+    positions past any an autoregressive run of the request reaches. The cut keeps every
+    ancestor of a kept node, and the nodes' order."""
+    depths = trees.depths
     offsets = trees.offsets
-    keep = np.ones(trees.num_nodes, dtype=bool)
-    for b in np.flatnonzero(~active):
-        keep[offsets[b] + 1 : offsets[b + 1]] = False
     sizes = np.diff(offsets)
-    sizes[~active] = 1
+    row = np.repeat(np.arange(sizes.shape[0]), sizes)
+    keep = depths <= max_depth[row]
+    if keep.all():
+        return trees
+    new_index = np.cumsum(keep) - 1  # flat index of each kept node in the cut batch
     new_offsets = np.zeros(offsets.shape[0], np.int64)
-    np.cumsum(sizes, out=new_offsets[1:])
-    return TreeBatch.from_flat(trees.parents[keep], trees.tokens[keep], new_offsets)
+    np.cumsum(np.add.reduceat(keep.astype(np.int64), offsets[:-1]), out=new_offsets[1:])
+    parents = trees.parents.astype(np.int64)
+    has_parent = parents >= 0
+    flat_parent = np.where(has_parent, parents + offsets[:-1][row], 0)
+    local = np.where(has_parent, new_index[flat_parent] - new_offsets[:-1][row], -1)
+    return TreeBatch.from_flat(local[keep].astype(np.int32), trees.tokens[keep], new_offsets)
 
 
 def _step_seed(seed: int | None, step: int) -> int | None:
@@ -233,9 +248,10 @@ def generate(
     otherwise each token is sampled from the target's distribution after `temperature`, `top_k`
     and `top_p` (lossless; `seed` makes the run reproducible). A request stops after
     `max_new_tokens` tokens or after emitting `eos_token_id`; tokens accepted past either are
-    dropped. A finished request stays in the batch with root-only trees until every request is
-    done (as HF's `generate` keeps finished rows): the target's batch never changes shape, and
-    the finished row's cache gains one ignored entry per step.
+    dropped. A request with `r` tokens left is verified only to depth `r - 1`. A finished
+    request stays in the batch with root-only trees until every request is done (as HF's
+    `generate` keeps finished rows): the target's batch never changes shape, and the finished
+    row's cache gains one ignored entry per step.
     """
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens: expected >= 1, got {max_new_tokens}")
@@ -249,8 +265,10 @@ def generate(
     out = Generation([[] for _ in range(n)], [[] for _ in range(n)], forwards=[1] * n)
     wall0 = clock()
 
+    sync: Any = getattr(target, "synchronize", None) or (lambda: None)
     t0 = clock()
     prefill = target.prefill(prompts)
+    sync()
     out.prefill_s = out.target_s = clock() - t0
 
     # The prefill's last row per prompt is "node 0 of a root-only tree": verify picks the
@@ -282,15 +300,17 @@ def generate(
                 raise ValueError(f"drafter.propose: {trees.num_trees} trees for {n} requests")
             if not np.array_equal(trees.tokens[trees.offsets[:-1]], roots):
                 raise ValueError("drafter.propose: a tree's root is not its request's last token")
-            if not active.all():
-                trees = _retire(trees, active)
+            left = max_new_tokens - np.fromiter(map(len, out.tokens), np.int64, n)
+            trees = _clip(trees, np.where(active, left - 1, 0))
         t1 = clock()
         step = target.forward_tree(trees)
+        sync()
         t2 = clock()
         result = verify(trees, step.logits, seed=_step_seed(seed, out.steps), **sampling)
         assert isinstance(result, BatchVerifyResult)
         t3 = clock()
         target.accept(result)
+        sync()
         t4 = clock()
         if drafter is not None:
             drafter.commit(trees, result, step, active.copy())

@@ -36,7 +36,7 @@ import torch
 
 from specsched._core import BatchVerifyResult, TreeBatch
 from specsched._kv import compact_kv
-from specsched._torch import host_view
+from specsched._torch import host_view, synchronize
 from specsched.generate import TargetStep, pad_trees
 
 
@@ -139,6 +139,9 @@ class HFTarget:
     @property
     def batch_size(self) -> int:
         return int(self.lengths.shape[0])
+
+    def synchronize(self) -> None:
+        synchronize(self.device)
 
     def committed_kv(self, b: int, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Row b's committed keys and values in `layer`, `[H, L_b, D]` each (valid columns)."""

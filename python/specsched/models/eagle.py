@@ -83,6 +83,10 @@ class _HeadState:
         the tree columns `lengths + 0..m`."""
         needed = int(self.lengths.max()) + tree_mask.shape[-1]
         self.cache = grow_seq(self.cache, 3, needed, self.headroom)
+        # A draft past the model's last position is past its request's token budget too, and
+        # `generate` cuts it before the target sees it: the head scores it at the last
+        # position rather than failing the step.
+        positions = positions.clamp(max=self.head.cfg.max_positions - 1)
         write_at = self.lengths[:, None] + columns
         return self.head.step(
             features,

@@ -34,7 +34,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from specsched._kv import compact_kv
-from specsched._torch import host_view, raw_cpu_view
+from specsched._torch import host_view, raw_cpu_view, synchronize
 
 WEIGHTS_DIR = Path(__file__).parent / "tiny_stdlib"
 
@@ -327,6 +327,9 @@ class TinyTarget:
     @property
     def vocab_size(self) -> int:
         return self.model.cfg.vocab_size
+
+    def synchronize(self) -> None:
+        synchronize(self.device)
 
     SEQ_DIM, BATCH_DIM = 4, 2  # of the cache [layers, 2, B, H, S, D]
 
