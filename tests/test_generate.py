@@ -329,6 +329,32 @@ def test_tiny_target_hands_specsched_zero_copy_host_views(shipped: tuple[Any, An
     assert tt.cache_host.shape == tuple(tt.cache.shape)
 
 
+def test_static_drafter_takes_each_choice_rank(shipped: tuple[Any, Any]) -> None:
+    """A choice path's last entry is the head's candidate rank, also in a sparse choice list:
+    [(1,), (1, 0)] drafts the second candidate and its best child, as the complete list
+    [(0,), (1,), (1, 0)] does at the same paths."""
+    target, head = shipped
+    drafted = []
+    for choices in ([(1,), (1, 0)], [(0,), (1,), (1, 0)]):
+        pre = TinyTarget(target).prefill(PROMPTS)
+        first = np.asarray(pre.logits).argmax(-1).astype(np.int64)  # the first greedy tokens
+        drafter = EagleStaticDrafter(target, head, choices)
+        drafter.start(PROMPTS, first, pre)
+        trees = drafter.propose(first, np.ones(len(PROMPTS), dtype=bool))
+        drafted.append([trees[b].tokens.tolist() for b in range(len(PROMPTS))])
+    for sparse, full in zip(*drafted, strict=True):
+        assert sparse == [full[0], full[2], full[3]]  # paths (), (1,), (1, 0)
+        assert sparse[1] != full[1]  # not the head's first candidate
+
+
+def test_head_drafters_need_the_targets_features(shipped: tuple[Any, Any]) -> None:
+    target, head = shipped
+    pre = TinyTarget(target).prefill(PROMPTS)
+    first = np.asarray(pre.logits).argmax(-1).astype(np.int64)
+    with pytest.raises(ValueError, match="features"):
+        EagleChainDrafter(target, head).start(PROMPTS, first, TargetStep(pre.logits, None))
+
+
 def test_chain_drafter_drafts_the_topk1_dynamic_chain(shipped: tuple[Any, Any]) -> None:
     """The chain drafter skips the builder's per-level calls, not its drafts: each step's
     trees are the ones `EagleDrafter(topk=1)` builds, and so is the whole generation."""

@@ -60,6 +60,11 @@ class _HeadState:
         self.cache = grow_seq(empty, 3, 1, self.headroom)
         self.lengths = torch.zeros(b, dtype=torch.int64, device=self.device)
         features = prefill.features
+        if features is None:
+            raise ValueError(
+                "prefill: the target returned no features (hidden states); an EAGLE head "
+                "drafts from them (HFTarget needs features=True)"
+            )
         self.pending_features = [features[i, : len(p)] for i, p in enumerate(prompts)]
         self.pending_tokens = [
             torch.as_tensor([*p[1:], int(first_tokens[i])], device=self.device)
@@ -283,11 +288,12 @@ class EagleStaticDrafter(_HeadDrafter):
         parents = self.topology.parents
         depths = self.topology.depths
         n = self.topology.num_nodes
-        ranks = np.zeros(n, dtype=np.int64)
-        seen: dict[int, int] = {}
-        for v in range(1, n):  # siblings are ordered by node index: rank = order of appearance
-            ranks[v] = seen.get(int(parents[v]), 0)
-            seen[int(parents[v])] = ranks[v] + 1
+        # Node i >= 1 is the i-th choice path in (length, path) order, as `from_choices` lays
+        # them out; its rank among its siblings is the path's last entry (a sparse choice
+        # list such as [(1,)] takes the head's second candidate, not its first).
+        paths = sorted({tuple(int(r) for r in c) for c in choices}, key=lambda c: (len(c), c))
+        assert len(paths) == n - 1, "from_choices lays out one node per distinct path"
+        ranks = np.array([0, *(path[-1] for path in paths)], dtype=np.int64)
         self.parents = np.asarray(parents)
         # Per level t >= 1, fixed by the topology: its nodes, their parents, the distinct
         # parents (whose head outputs give the candidates), each node's slot among those
