@@ -348,6 +348,18 @@ pub fn build_tree(
             format!("expected {} entries, got {}", mask_len.1, mask_len.0),
         ));
     }
+    let word_bits = match &out.tree_mask {
+        MaskOut::Packed8(_) => 8,
+        MaskOut::Packed16(_) => 16,
+        MaskOut::Packed32(_) => 32,
+        MaskOut::Full(_) | MaskOut::Qlen(_) => usize::MAX,
+    };
+    if n > word_bits {
+        return Err(Error::value(
+            "tree_mask",
+            format!("{n} draft tokens do not fit a {word_bits}-bit packed mask row"),
+        ));
+    }
     let pool = pool_size(topk, steps) as i64;
     let width = parent_list.ncols();
     let BuildOut {
@@ -725,6 +737,23 @@ mod tests {
                 assert_eq!(got, want, "n={n} prefix={prefix}");
             }
         }
+    }
+
+    #[test]
+    fn packed_rows_must_fit_their_word() {
+        let pl = Array2::from_shape_vec((1, 1), vec![-1]).unwrap();
+        let sel = Array2::from_shape_vec((1, 8), (0..8).collect()).unwrap();
+        let (mut m, mut pos, mut ri, mut nt, mut ns) =
+            (vec![0u8; 9], vec![0; 9], vec![0; 9], vec![0; 9], vec![0; 9]);
+        let out = BuildOut {
+            tree_mask: MaskOut::Packed8(&mut m),
+            positions: &mut pos,
+            retrive_index: &mut ri,
+            retrive_next_token: &mut nt,
+            retrive_next_sibling: &mut ns,
+        };
+        let e = build_tree(pl.view(), sel.view(), &[0], 8, 1, 9, out).unwrap_err();
+        assert!(e.to_string().contains("8-bit"), "{e}");
     }
 
     #[test]
