@@ -49,3 +49,13 @@ pub(crate) fn prefetch<T>(x: &T) {
     #[cfg(not(target_arch = "x86_64"))]
     let _ = x;
 }
+
+/// The drafters' tests' generator (an LCG's high bits: cheap, reproducible, good enough to
+/// draw token streams).
+#[cfg(test)]
+pub(crate) fn test_rng(x: &mut u64) -> u64 {
+    *x = x
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
+    *x >> 33
+}

@@ -168,13 +168,7 @@ fn first_token_order(tokens: &[u32]) -> (Vec<u32>, Vec<u32>) {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn rng(x: &mut u64) -> u64 {
-        *x = x
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        *x >> 33
-    }
+    use crate::draft::test_rng as rng;
 
     #[test]
     fn sorted_by_truncated_suffix_with_exact_lcp() {

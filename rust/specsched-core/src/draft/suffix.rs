@@ -1796,6 +1796,7 @@ impl SuffixDrafter {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::draft::test_rng as rng;
 
     /// count(w) by brute force over `seqs`.
     fn naive_count(seqs: &[Vec<u32>], w: &[u32]) -> u32 {
@@ -1806,13 +1807,6 @@ mod tests {
                     .count() as u32
             })
             .sum()
-    }
-
-    fn rng(x: &mut u64) -> u64 {
-        *x = x
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        *x >> 33
     }
 
     /// Every string reachable in the tree carries its brute-force count, for strings drawn
@@ -2016,13 +2010,7 @@ mod child_table_tests {
 #[cfg(test)]
 mod interleaved_tests {
     use super::*;
-
-    fn rng(x: &mut u64) -> u64 {
-        *x = x
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        *x >> 33
-    }
+    use crate::draft::test_rng as rng;
 
     /// Every string of every sequence, walked from the root, carries its brute-force count.
     fn counts_ok(idx: &SuffixIndex, seqs: &[Vec<u32>], depth: usize) -> bool {
