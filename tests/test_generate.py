@@ -421,6 +421,26 @@ def test_a_request_that_fits_the_model_autoregressively_fits_speculatively() -> 
         assert generate(TinyTarget(model), drafter, prompt, 29).tokens == ar.tokens
 
 
+def test_finished_rows_stop_advancing() -> None:
+    # The long-prompt request ends at its first token (EOS); the short one runs on. The
+    # target retires the finished row, so the batch stays within the model's positions and
+    # every request gets what it gets alone.
+    torch.manual_seed(0)
+    cfg = TinyConfig(d_model=64, n_layers=2, n_heads=2, d_ff=128, max_positions=32)
+    model, head = TinyLM(cfg).double().eval(), EagleHead(cfg).double().eval()
+    long, short = [7] * 20 + [1, 2, 3, 4, 5, 6, 7, 8], [5]
+    eos = generate(TinyTarget(model), None, [long], 1).tokens[0][0]
+    alone = [
+        generate(TinyTarget(model), None, [p], 10, eos_token_id=eos).tokens[0]
+        for p in (long, short)
+    ]
+    for drafter in (None, EagleChainDrafter(model, head, depth=3)):
+        target = TinyTarget(model)
+        both = generate(target, drafter, [long, short], 10, eos_token_id=eos)
+        assert both.tokens == alone
+        assert target.lengths[0] == len(long)  # the prompt; the one token emitted is the root
+
+
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_kv_cache_after_compaction_equals_autoregressive(seed: int) -> None:
     model = random_model(seed)

@@ -109,6 +109,25 @@ def assert_same_committed_kv(
                 )
 
 
+def test_finished_rows_stop_advancing() -> None:
+    # GPT-2's learned positions end at n_positions: the long-prompt request ends at its first
+    # token (EOS), and its retired row no longer advances while the short one runs on.
+    torch.manual_seed(1)
+    config = transformers.GPT2Config(
+        vocab_size=VOCAB, n_embd=64, n_layer=2, n_head=4, n_positions=36
+    )
+    model = transformers.GPT2LMHeadModel(config).double().eval()
+    long, short = [7] * 24 + [1, 2, 3, 4, 5, 6, 7, 8], [5]
+    eos = generate(HFTarget(model), None, [long], 1).tokens[0][0]
+    alone = [
+        generate(HFTarget(model), None, [p], 10, eos_token_id=eos).tokens[0] for p in (long, short)
+    ]
+    target = HFTarget(model)
+    both = generate(target, NgramChainDrafter(3), [long, short], 10, eos_token_id=eos)
+    assert both.tokens == alone
+    assert target.lengths.tolist()[0] == len(long)
+
+
 @pytest.mark.parametrize("batch", [1, 4])
 def test_greedy_speculative_equals_autoregressive_equals_hf(model: Any, batch: int) -> None:
     prompts = PROMPTS[:batch]

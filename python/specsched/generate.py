@@ -68,6 +68,9 @@ class TargetModel(Protocol):
     # Optional: `synchronize()`, waiting for the work the target queued on its device (CUDA
     # runs kernels asynchronously). `generate` calls it after the target's calls, so that
     # their device time is counted as target time, not in the next host wait (verify's).
+    # Optional: `retire(rows)`, the rows whose requests finished: the loop still feeds them
+    # root-only trees (the batch keeps its shape) and ignores their outputs, so the target
+    # may stop advancing them (their positions then stay within the request's own range).
 
 
 class Drafter(Protocol):
@@ -250,8 +253,8 @@ def generate(
     `max_new_tokens` tokens or after emitting `eos_token_id`; tokens accepted past either are
     dropped. A request with `r` tokens left is verified only to depth `r - 1`. A finished
     request stays in the batch with root-only trees until every request is done (as HF's
-    `generate` keeps finished rows): the target's batch never changes shape, and the finished
-    row's cache gains one ignored entry per step.
+    `generate` keeps finished rows): the target's batch never changes shape; a target with
+    `retire(rows)` is told, and stops advancing those rows.
     """
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens: expected >= 1, got {max_new_tokens}")
@@ -282,6 +285,9 @@ def generate(
     active = np.ones(n, dtype=bool)
     for b in range(n):
         _emit(out, b, roots[b : b + 1], max_new_tokens, eos_token_id, active)
+    retire = getattr(target, "retire", None)
+    if retire is not None and not active.all():
+        retire(np.flatnonzero(~active))
 
     if drafter is not None:
         t0 = clock()
@@ -323,12 +329,17 @@ def generate(
 
         num_accepted = result.num_accepted
         emitted = result.tokens
-        for b in np.flatnonzero(active).tolist():
+        was_active = np.flatnonzero(active)
+        for b in was_active.tolist():
             k = int(num_accepted[b])
             out.accepted[b].append(k)
             out.forwards[b] += 1
             roots[b] = emitted[b, k]
             _emit(out, b, emitted[b, : k + 1], max_new_tokens, eos_token_id, active)
+        if retire is not None and active.any():
+            finished = was_active[~active[was_active]]
+            if finished.size:
+                retire(finished)
 
     if drafter is not None:
         built = float(getattr(drafter, "build_seconds", 0.0)) - build0

@@ -134,6 +134,7 @@ class HFTarget:
         self.cache: Any = None
         self.valid = torch.zeros((0, 0), dtype=torch.bool)
         self.lengths = np.zeros(0, dtype=np.int64)
+        self.retired = np.zeros(0, dtype=bool)
         self._pending: int | None = None  # S of the forward_tree awaiting accept
 
     @property
@@ -142,6 +143,11 @@ class HFTarget:
 
     def synchronize(self) -> None:
         synchronize(self.device)
+
+    def retire(self, rows: np.ndarray) -> None:
+        """Rows whose requests finished (`generate` still feeds them root-only trees): their
+        entries stop being kept, so their length and position stop growing."""
+        self.retired[rows] = True
 
     def committed_kv(self, b: int, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Row b's committed keys and values in `layer`, `[H, L_b, D]` each (valid columns)."""
@@ -210,6 +216,7 @@ class HFTarget:
             )
         self.valid = keep.to(self.device)
         self.lengths = lens
+        self.retired = np.zeros(lens.shape[0], dtype=bool)
         rows = torch.arange(b, device=out.logits.device)
         last = torch.as_tensor(lens - 1, device=out.logits.device)
         return TargetStep(host_view(out.logits[rows, last]), self._features(out))
@@ -261,6 +268,8 @@ class HFTarget:
         keep = int(k.max()) + 1
         crop_cache(self.cache, s + keep)
         kept = torch.arange(keep)[None, :] <= torch.from_numpy(k)[:, None]
+        # A retired row's root-only entry is not kept: its length (and position) stays.
+        kept[torch.from_numpy(self.retired)] = False
         self.valid = torch.cat((self.valid, kept.to(self.valid.device)), dim=1)
-        self.lengths = self.lengths + k + 1
+        self.lengths = self.lengths + np.where(self.retired, 0, k + 1)
         self._pending = None

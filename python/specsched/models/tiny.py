@@ -323,6 +323,7 @@ class TinyTarget:
         self.cache = torch.empty(0)
         self.cache_host: Any = None  # numpy view of `cache` (CPU), or the tensor itself
         self.lengths = np.zeros(0, dtype=np.int64)
+        self.retired = np.zeros(0, dtype=bool)
 
     @property
     def vocab_size(self) -> int:
@@ -355,6 +356,7 @@ class TinyTarget:
         last = torch.as_tensor(lens - 1, device=self.device)
         rows = torch.arange(b, device=self.device)
         self.lengths = lens
+        self.retired = np.zeros(b, dtype=bool)
         return TargetStep(host_view(self.model.logits(features[rows, last])), features)
 
     @torch.inference_mode()
@@ -394,6 +396,16 @@ class TinyTarget:
     def accept(self, result: Any) -> None:
         # compact_kv returns the committed lengths: no array arithmetic here (each numpy op
         # costs ~8 µs right after a forward evicted numpy's code from the CPU caches).
-        self.lengths = compact_kv(
+        lengths = compact_kv(
             self.cache_host, result, self.lengths, seq_dim=self.SEQ_DIM, batch_dim=self.BATCH_DIM
         )
+        if self.retired.any():
+            # A retired row's root-only tree committed its root: take it back, so the next
+            # one is written and scored at the same slot and position again.
+            lengths[self.retired] -= 1
+        self.lengths = lengths
+
+    def retire(self, rows: np.ndarray) -> None:
+        """Rows whose requests finished (`generate` still feeds them root-only trees): their
+        length, and so their position, stops growing."""
+        self.retired[rows] = True
