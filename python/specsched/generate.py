@@ -65,9 +65,10 @@ class TargetModel(Protocol):
         `L_b += k_b + 1`."""
         ...
 
-    # Optional: `synchronize()`, waiting for the work the target queued on its device (CUDA
-    # runs kernels asynchronously). `generate` calls it after the target's calls, so that
-    # their device time is counted as target time, not in the next host wait (verify's).
+    # Optional: `synchronize`, a callable waiting for the work the target queued on its device
+    # (CUDA runs kernels asynchronously), or None when there is none. `generate` calls it
+    # after the target's calls, so that their device time is counted as target time, not in
+    # the next host wait (verify's).
     # Optional: `retire(rows)`, the rows whose requests finished: the loop still feeds them
     # root-only trees (the batch keeps its shape) and ignores their outputs, so the target
     # may stop advancing them (their positions then stay within the request's own range).
@@ -268,10 +269,11 @@ def generate(
     out = Generation([[] for _ in range(n)], [[] for _ in range(n)], forwards=[1] * n)
     wall0 = clock()
 
-    sync: Any = getattr(target, "synchronize", None) or (lambda: None)
+    sync = getattr(target, "synchronize", None)
     t0 = clock()
     prefill = target.prefill(prompts)
-    sync()
+    if sync is not None:
+        sync()
     out.prefill_s = out.target_s = clock() - t0
 
     # The prefill's last row per prompt is "node 0 of a root-only tree": verify picks the
@@ -288,6 +290,7 @@ def generate(
     retire = getattr(target, "retire", None)
     if retire is not None and not active.all():
         retire(np.flatnonzero(~active))
+    active_rows = np.flatnonzero(active).tolist()
 
     if drafter is not None:
         t0 = clock()
@@ -306,17 +309,22 @@ def generate(
                 raise ValueError(f"drafter.propose: {trees.num_trees} trees for {n} requests")
             if not np.array_equal(trees.tokens[trees.offsets[:-1]], roots):
                 raise ValueError("drafter.propose: a tree's root is not its request's last token")
-            left = max_new_tokens - np.fromiter(map(len, out.tokens), np.int64, n)
-            trees = _clip(trees, np.where(active, left - 1, 0))
+            # The cut costs numpy work: only when some row could not use its whole tree.
+            shortest = min(max_new_tokens - len(out.tokens[b]) for b in active_rows)
+            if len(active_rows) < n or trees.max_depth >= shortest:
+                left = max_new_tokens - np.fromiter(map(len, out.tokens), np.int64, n)
+                trees = _clip(trees, np.where(active, left - 1, 0))
         t1 = clock()
         step = target.forward_tree(trees)
-        sync()
+        if sync is not None:
+            sync()
         t2 = clock()
         result = verify(trees, step.logits, seed=_step_seed(seed, out.steps), **sampling)
         assert isinstance(result, BatchVerifyResult)
         t3 = clock()
         target.accept(result)
-        sync()
+        if sync is not None:
+            sync()
         t4 = clock()
         if drafter is not None:
             drafter.commit(trees, result, step, active.copy())
@@ -329,17 +337,16 @@ def generate(
 
         num_accepted = result.num_accepted
         emitted = result.tokens
-        was_active = np.flatnonzero(active)
-        for b in was_active.tolist():
+        was_active = active_rows
+        for b in was_active:
             k = int(num_accepted[b])
             out.accepted[b].append(k)
             out.forwards[b] += 1
             roots[b] = emitted[b, k]
             _emit(out, b, emitted[b, : k + 1], max_new_tokens, eos_token_id, active)
-        if retire is not None and active.any():
-            finished = was_active[~active[was_active]]
-            if finished.size:
-                retire(finished)
+        active_rows = [b for b in was_active if active[b]]
+        if retire is not None and active_rows and len(active_rows) < len(was_active):
+            retire(np.array([b for b in was_active if not active[b]], dtype=np.int64))
 
     if drafter is not None:
         built = float(getattr(drafter, "build_seconds", 0.0)) - build0

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Sequence
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -135,19 +136,20 @@ class HFTarget:
         self.valid = torch.zeros((0, 0), dtype=torch.bool)
         self.lengths = np.zeros(0, dtype=np.int64)
         self.retired = np.zeros(0, dtype=bool)
+        self._any_retired = False
+        # What `generate` calls to wait for the device's queued work; None on the CPU.
+        self.synchronize = partial(synchronize, self.device) if self.device.type == "cuda" else None
         self._pending: int | None = None  # S of the forward_tree awaiting accept
 
     @property
     def batch_size(self) -> int:
         return int(self.lengths.shape[0])
 
-    def synchronize(self) -> None:
-        synchronize(self.device)
-
     def retire(self, rows: np.ndarray) -> None:
         """Rows whose requests finished (`generate` still feeds them root-only trees): their
         entries stop being kept, so their length and position stop growing."""
         self.retired[rows] = True
+        self._any_retired = True
 
     def committed_kv(self, b: int, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Row b's committed keys and values in `layer`, `[H, L_b, D]` each (valid columns)."""
@@ -217,6 +219,7 @@ class HFTarget:
         self.valid = keep.to(self.device)
         self.lengths = lens
         self.retired = np.zeros(lens.shape[0], dtype=bool)
+        self._any_retired = False
         rows = torch.arange(b, device=out.logits.device)
         last = torch.as_tensor(lens - 1, device=out.logits.device)
         return TargetStep(host_view(out.logits[rows, last]), self._features(out))
@@ -268,8 +271,11 @@ class HFTarget:
         keep = int(k.max()) + 1
         crop_cache(self.cache, s + keep)
         kept = torch.arange(keep)[None, :] <= torch.from_numpy(k)[:, None]
-        # A retired row's root-only entry is not kept: its length (and position) stays.
-        kept[torch.from_numpy(self.retired)] = False
+        advance = k + 1
+        if self._any_retired:
+            # A retired row's root-only entry is not kept: its length (and position) stays.
+            kept[torch.from_numpy(self.retired)] = False
+            advance[self.retired] = 0
         self.valid = torch.cat((self.valid, kept.to(self.valid.device)), dim=1)
-        self.lengths = self.lengths + np.where(self.retired, 0, k + 1)
+        self.lengths = self.lengths + advance
         self._pending = None
