@@ -270,6 +270,7 @@ def generate(
     wall0 = clock()
 
     sync = getattr(target, "synchronize", None)
+    retire = getattr(target, "retire", None)
     t0 = clock()
     prefill = target.prefill(prompts)
     if sync is not None:
@@ -287,10 +288,8 @@ def generate(
     active = np.ones(n, dtype=bool)
     for b in range(n):
         _emit(out, b, roots[b : b + 1], max_new_tokens, eos_token_id, active)
-    retire = getattr(target, "retire", None)
     if retire is not None and not active.all():
         retire(np.flatnonzero(~active))
-    active_rows = np.flatnonzero(active).tolist()
 
     if drafter is not None:
         t0 = clock()
@@ -310,8 +309,8 @@ def generate(
             if not np.array_equal(trees.tokens[trees.offsets[:-1]], roots):
                 raise ValueError("drafter.propose: a tree's root is not its request's last token")
             # The cut costs numpy work: only when some row could not use its whole tree.
-            shortest = min(max_new_tokens - len(out.tokens[b]) for b in active_rows)
-            if len(active_rows) < n or trees.max_depth >= shortest:
+            shortest = min(max_new_tokens - len(t) for t in out.tokens)
+            if not active.all() or trees.max_depth >= shortest:
                 left = max_new_tokens - np.fromiter(map(len, out.tokens), np.int64, n)
                 trees = _clip(trees, np.where(active, left - 1, 0))
         t1 = clock()
@@ -337,16 +336,16 @@ def generate(
 
         num_accepted = result.num_accepted
         emitted = result.tokens
-        was_active = active_rows
-        for b in was_active:
+        finished: list[int] = []
+        for b in np.flatnonzero(active).tolist():
             k = int(num_accepted[b])
             out.accepted[b].append(k)
             out.forwards[b] += 1
             roots[b] = emitted[b, k]
-            _emit(out, b, emitted[b, : k + 1], max_new_tokens, eos_token_id, active)
-        active_rows = [b for b in was_active if active[b]]
-        if retire is not None and active_rows and len(active_rows) < len(was_active):
-            retire(np.array([b for b in was_active if not active[b]], dtype=np.int64))
+            if _emit(out, b, emitted[b, : k + 1], max_new_tokens, eos_token_id, active):
+                finished.append(b)
+        if finished and retire is not None and active.any():
+            retire(np.array(finished, dtype=np.int64))
 
     if drafter is not None:
         built = float(getattr(drafter, "build_seconds", 0.0)) - build0
@@ -366,11 +365,13 @@ def _emit(
     max_new_tokens: int,
     eos_token_id: int | None,
     active: np.ndarray,
-) -> None:
-    """Appends request b's newly committed tokens, cut at EOS and at the length limit."""
+) -> bool:
+    """Appends request b's newly committed tokens, cut at EOS and at the length limit; True
+    when the request finished."""
     row = out.tokens[b]
     for tok in tokens.tolist():
         row.append(tok)
         if tok == eos_token_id or len(row) >= max_new_tokens:
             active[b] = False
-            return
+            return True
+    return False
