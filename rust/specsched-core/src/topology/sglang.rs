@@ -403,9 +403,10 @@ pub fn build_tree(
                 full_base += n * cols;
             }
             MaskOut::Qlen(m) => fill_rows(&mut m[row0 * n..(row0 + n) * n], n, 0, parent, anc),
-            MaskOut::Packed8(m) => fill_words(&mut m[row0..row0 + n], parent, |i| 1u8 << i),
-            MaskOut::Packed16(m) => fill_words(&mut m[row0..row0 + n], parent, |i| 1u16 << i),
-            MaskOut::Packed32(m) => fill_words(&mut m[row0..row0 + n], parent, |i| 1u32 << i),
+            // N fits the word (checked above), so each row is its ancestor word, narrowed.
+            MaskOut::Packed8(m) => narrow_words(&mut m[row0..row0 + n], anc, |a| a as u8),
+            MaskOut::Packed16(m) => narrow_words(&mut m[row0..row0 + n], anc, |a| a as u16),
+            MaskOut::Packed32(m) => narrow_words(&mut m[row0..row0 + n], anc, |a| a as u32),
         }
     }
     Ok(())
@@ -492,14 +493,9 @@ mod spread {
     }
 }
 
-fn fill_words<W: Copy + std::ops::BitOr<Output = W>>(
-    rows: &mut [W],
-    parent: &[usize],
-    bit: impl Fn(usize) -> W,
-) {
-    rows[0] = bit(0);
-    for i in 1..parent.len() {
-        rows[i] = rows[parent[i]] | bit(i);
+fn narrow_words<W>(rows: &mut [W], anc: &[u64], narrow: impl Fn(u64) -> W) {
+    for (row, &a) in rows.iter_mut().zip(anc) {
+        *row = narrow(a);
     }
 }
 
