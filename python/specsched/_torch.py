@@ -9,6 +9,8 @@ choices (plus a `[T]` NaN flag) cross to the host, in one transfer.
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -66,14 +68,15 @@ def host_view(t: torch.Tensor) -> Any:
     return t.detach().numpy()
 
 
-def synchronize(device: torch.device) -> None:
-    """Waits for the work queued on `device` (CUDA runs kernels asynchronously); no-op on
-    the CPU. For a target's `synchronize`, which `generate` calls so that the time split
-    counts the target's device time as target time."""
+def synchronizer(device: torch.device) -> Callable[[], None] | None:
+    """A target's `synchronize`: a call waiting for the work queued on `device` (CUDA runs
+    kernels asynchronously), or None where there is nothing to wait for, so that `generate`
+    makes no call at all on the CPU."""
     import torch
 
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+    if device.type != "cuda":
+        return None
+    return partial(torch.cuda.synchronize, device)
 
 
 def raw_cpu_view(t: torch.Tensor) -> np.ndarray:

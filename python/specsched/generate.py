@@ -149,6 +149,20 @@ class Generation:
         return self.specsched_s / tree_forward_s if tree_forward_s > 0 else 0.0
 
 
+class RetiredRows:
+    """The rows of a target's batch whose requests finished, for a target's `retire`: `rows`
+    (bool `[B]`) and `any`, a plain bool the target reads on every accept instead of
+    reducing the mask (a numpy call costs several µs right after a forward)."""
+
+    def __init__(self, batch: int = 0) -> None:
+        self.rows = np.zeros(batch, dtype=bool)
+        self.any = False
+
+    def add(self, rows: np.ndarray) -> None:
+        self.rows[rows] = True
+        self.any = True
+
+
 @dataclass(frozen=True)
 class PaddedTrees:
     """A ragged tree batch laid out as the `[B, n]` (n = largest tree) batch a model runs.

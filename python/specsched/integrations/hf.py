@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Sequence
-from functools import partial
 from typing import Any
 
 import numpy as np
@@ -37,8 +36,8 @@ import torch
 
 from specsched._core import BatchVerifyResult, TreeBatch
 from specsched._kv import compact_kv
-from specsched._torch import host_view, synchronize
-from specsched.generate import TargetStep, pad_trees
+from specsched._torch import host_view, synchronizer
+from specsched.generate import RetiredRows, TargetStep, pad_trees
 
 
 def _cache_classes() -> tuple[Any, Any]:
@@ -135,10 +134,8 @@ class HFTarget:
         self.cache: Any = None
         self.valid = torch.zeros((0, 0), dtype=torch.bool)
         self.lengths = np.zeros(0, dtype=np.int64)
-        self.retired = np.zeros(0, dtype=bool)
-        self._any_retired = False
-        # What `generate` calls to wait for the device's queued work; None on the CPU.
-        self.synchronize = partial(synchronize, self.device) if self.device.type == "cuda" else None
+        self.retired = RetiredRows()
+        self.synchronize = synchronizer(self.device)
         self._pending: int | None = None  # S of the forward_tree awaiting accept
 
     @property
@@ -148,8 +145,7 @@ class HFTarget:
     def retire(self, rows: np.ndarray) -> None:
         """Rows whose requests finished (`generate` still feeds them root-only trees): their
         entries stop being kept, so their length and position stop growing."""
-        self.retired[rows] = True
-        self._any_retired = True
+        self.retired.add(rows)
 
     def committed_kv(self, b: int, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Row b's committed keys and values in `layer`, `[H, L_b, D]` each (valid columns)."""
@@ -218,8 +214,7 @@ class HFTarget:
             )
         self.valid = keep.to(self.device)
         self.lengths = lens
-        self.retired = np.zeros(lens.shape[0], dtype=bool)
-        self._any_retired = False
+        self.retired = RetiredRows(lens.shape[0])
         rows = torch.arange(b, device=out.logits.device)
         last = torch.as_tensor(lens - 1, device=out.logits.device)
         return TargetStep(host_view(out.logits[rows, last]), self._features(out))
@@ -272,10 +267,10 @@ class HFTarget:
         crop_cache(self.cache, s + keep)
         kept = torch.arange(keep)[None, :] <= torch.from_numpy(k)[:, None]
         advance = k + 1
-        if self._any_retired:
+        if self.retired.any:
             # A retired row's root-only entry is not kept: its length (and position) stays.
-            kept[torch.from_numpy(self.retired)] = False
-            advance[self.retired] = 0
+            kept[torch.from_numpy(self.retired.rows)] = False
+            advance[self.retired.rows] = 0
         self.valid = torch.cat((self.valid, kept.to(self.valid.device)), dim=1)
         self.lengths = self.lengths + advance
         self._pending = None

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +34,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from specsched._kv import compact_kv
-from specsched._torch import host_view, raw_cpu_view, synchronize
+from specsched._torch import host_view, raw_cpu_view, synchronizer
+from specsched.generate import RetiredRows
 
 WEIGHTS_DIR = Path(__file__).parent / "tiny_stdlib"
 
@@ -324,13 +324,8 @@ class TinyTarget:
         self.cache = torch.empty(0)
         self.cache_host: Any = None  # numpy view of `cache` (CPU), or the tensor itself
         self.lengths = np.zeros(0, dtype=np.int64)
-        self.retired = np.zeros(0, dtype=bool)
-        # A plain bool, read on every accept: a numpy reduction costs several µs right after
-        # a forward, charged to specsched's share.
-        self._any_retired = False
-        # What `generate` calls to wait for the device's queued work; None on the CPU, where
-        # there is none (so the loop makes no call at all).
-        self.synchronize = partial(synchronize, self.device) if self.device.type == "cuda" else None
+        self.retired = RetiredRows()
+        self.synchronize = synchronizer(self.device)
 
     @property
     def vocab_size(self) -> int:
@@ -360,8 +355,7 @@ class TinyTarget:
         last = torch.as_tensor(lens - 1, device=self.device)
         rows = torch.arange(b, device=self.device)
         self.lengths = lens
-        self.retired = np.zeros(b, dtype=bool)
-        self._any_retired = False
+        self.retired = RetiredRows(b)
         return TargetStep(host_view(self.model.logits(features[rows, last])), features)
 
     @torch.inference_mode()
@@ -404,14 +398,13 @@ class TinyTarget:
         lengths = compact_kv(
             self.cache_host, result, self.lengths, seq_dim=self.SEQ_DIM, batch_dim=self.BATCH_DIM
         )
-        if self._any_retired:
+        if self.retired.any:
             # A retired row's root-only tree committed its root: take it back, so the next
             # one is written and scored at the same slot and position again.
-            lengths[self.retired] -= 1
+            lengths[self.retired.rows] -= 1
         self.lengths = lengths
 
     def retire(self, rows: np.ndarray) -> None:
         """Rows whose requests finished (`generate` still feeds them root-only trees): their
         length, and so their position, stops growing."""
-        self.retired[rows] = True
-        self._any_retired = True
+        self.retired.add(rows)
