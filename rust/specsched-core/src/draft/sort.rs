@@ -21,15 +21,14 @@ const EMPTY: u32 = u32::MAX;
 
 /// The suffix array of `tokens` (`sa[k]`: the start of the `k`-th smallest suffix; an order
 /// by the first `depth` tokens, too) and `lcp[k]`: the common prefix of suffixes `sa[k - 1]`
-/// and `sa[k]`, at most `depth` (`lcp[0] = 0`). Needs `tokens.len() < u32::MAX`.
+/// and `sa[k]`, at most `depth` (`lcp[0] = 0`). Needs `tokens.len() < 2^31`.
 pub fn truncated_suffix_array(tokens: &[u32], depth: usize) -> (Vec<u32>, Vec<u32>) {
     let n = tokens.len();
     if n == 0 {
         return (Vec::new(), Vec::new());
     }
     let (text, sigma) = dense_ids(tokens);
-    let sa = sa_is(&text, sigma);
-    drop(text);
+    let sa = sa_is(text, sigma);
     let lcp = capped_lcp(tokens, &sa, depth);
     (sa, lcp)
 }
@@ -66,9 +65,14 @@ fn dense_ids(tokens: &[u32]) -> (Vec<u32>, usize) {
     }
 }
 
-/// Suffix array of `s` (ids `< sigma`) by induced sorting (Nong, Zhang and Chan, 2009), with a
-/// virtual sentinel after the last id that is smaller than every id.
-fn sa_is(s: &[u32], sigma: usize) -> Vec<u32> {
+/// Set on the id of an S-type position (ids are `< 2^31`): the induced passes read a
+/// position's id and type with one random access.
+const S_TYPE: u32 = 1 << 31;
+
+/// Suffix array of `s` (ids `< sigma <= 2^31`) by induced sorting (Nong, Zhang and Chan,
+/// 2009), with a virtual sentinel after the last id that is smaller than every id. Takes `s`
+/// to mark each position's type on its id in place.
+fn sa_is(mut s: Vec<u32>, sigma: usize) -> Vec<u32> {
     let n = s.len();
     if n <= 2 {
         let mut sa: Vec<u32> = (0..n as u32).collect();
@@ -78,15 +82,20 @@ fn sa_is(s: &[u32], sigma: usize) -> Vec<u32> {
     // Suffix i is S-type when it is smaller than suffix i + 1, L-type when larger; the last
     // is L-type (the sentinel after it is smaller). An LMS position is an S-type suffix
     // whose left neighbour is L-type.
-    let mut stype = vec![false; n];
+    let mut next_s = false;
     for i in (0..n - 1).rev() {
-        stype[i] = s[i] < s[i + 1] || (s[i] == s[i + 1] && stype[i + 1]);
+        let (c, d) = (s[i], s[i + 1] & !S_TYPE);
+        next_s = c < d || (c == d && next_s);
+        if next_s {
+            s[i] |= S_TYPE;
+        }
     }
-    let is_lms = |i: usize| i > 0 && stype[i] && !stype[i - 1];
+    let s = s;
+    let is_lms = |i: usize| i > 0 && s[i] & S_TYPE != 0 && s[i - 1] & S_TYPE == 0;
     // Bucket of id c: sa[start[c]..start[c + 1]], L-type suffixes first, S-type last.
     let mut start = vec![0u32; sigma + 1];
-    for &c in s {
-        start[c as usize + 1] += 1;
+    for &c in &s {
+        start[(c & !S_TYPE) as usize + 1] += 1;
     }
     for c in 0..sigma {
         start[c + 1] += start[c];
@@ -95,7 +104,7 @@ fn sa_is(s: &[u32], sigma: usize) -> Vec<u32> {
     let lms: Vec<u32> = (1..n).filter(|&i| is_lms(i)).map(|i| i as u32).collect();
     // Sorting the LMS substrings (each from one LMS position to the next) needs the LMS
     // positions in any order; the induced order lists them sorted by substring.
-    induce(s, &stype, &start, &lms, &mut sa);
+    induce(&s, &start, &lms, &mut sa);
     let mut sorted: Vec<u32> = Vec::with_capacity(lms.len());
     sorted.extend(sa.iter().copied().filter(|&j| is_lms(j as usize)));
     // Name the substrings: equal neighbours in that order share a name. LMS positions are at
@@ -112,7 +121,7 @@ fn sa_is(s: &[u32], sigma: usize) -> Vec<u32> {
         let j = j as usize;
         let e = next_lms[j / 2] as usize;
         // A substring that reaches the sentinel is unique; others are equal when their ids
-        // are (equal ids over equal lengths have equal types).
+        // and types are.
         let same =
             prev.is_some_and(|(p, pe)| pe < n && e < n && pe - p == e - j && s[p..=pe] == s[j..=e]);
         if !same {
@@ -126,31 +135,33 @@ fn sa_is(s: &[u32], sigma: usize) -> Vec<u32> {
         // Some substrings repeat: sort the LMS suffixes by sorting the string of their names.
         let reduced: Vec<u32> = lms.iter().map(|&j| name_of[j as usize / 2] - 1).collect();
         drop(name_of);
-        sa_is(&reduced, names as usize)
+        sa_is(reduced, names as usize)
             .into_iter()
             .map(|r| lms[r as usize])
             .collect()
     } else {
         sorted
     };
-    induce(s, &stype, &start, &sorted_lms, &mut sa);
+    induce(&s, &start, &sorted_lms, &mut sa);
     sa
 }
 
-/// Induced sorting: the LMS suffixes `lms` (in the order they should keep) at the ends of
-/// their buckets, then the L-type suffixes left to right, then the S-type right to left.
-fn induce(s: &[u32], stype: &[bool], start: &[u32], lms: &[u32], sa: &mut [u32]) {
+/// Induced sorting over type-marked ids: the LMS suffixes `lms` (in the order they should
+/// keep) at the ends of their buckets, then the L-type suffixes left to right, then the
+/// S-type right to left.
+fn induce(s: &[u32], start: &[u32], lms: &[u32], sa: &mut [u32]) {
     let n = s.len();
+    let id = |i: u32| (s[i as usize] & !S_TYPE) as usize;
     sa.fill(EMPTY);
     let mut end: Vec<u32> = start[1..].to_vec();
     for &j in lms.iter().rev() {
-        let c = s[j as usize] as usize;
+        let c = id(j);
         end[c] -= 1;
         sa[end[c] as usize] = j;
     }
     let mut head: Vec<u32> = start[..start.len() - 1].to_vec();
     // The last suffix is L-type and follows the sentinel, which sorts first.
-    let c = s[n - 1] as usize;
+    let c = id(n as u32 - 1);
     sa[head[c] as usize] = n as u32 - 1;
     head[c] += 1;
     for k in 0..n {
@@ -160,10 +171,13 @@ fn induce(s: &[u32], stype: &[bool], start: &[u32], lms: &[u32], sa: &mut [u32])
             }
         }
         let j = sa[k];
-        if j != EMPTY && j > 0 && !stype[j as usize - 1] {
-            let c = s[j as usize - 1] as usize;
-            sa[head[c] as usize] = j - 1;
-            head[c] += 1;
+        if j != EMPTY && j > 0 {
+            let x = s[j as usize - 1];
+            if x & S_TYPE == 0 {
+                let c = x as usize;
+                sa[head[c] as usize] = j - 1;
+                head[c] += 1;
+            }
         }
     }
     let mut end: Vec<u32> = start[1..].to_vec();
@@ -175,10 +189,13 @@ fn induce(s: &[u32], stype: &[bool], start: &[u32], lms: &[u32], sa: &mut [u32])
             }
         }
         let j = sa[k];
-        if j != EMPTY && j > 0 && stype[j as usize - 1] {
-            let c = s[j as usize - 1] as usize;
-            end[c] -= 1;
-            sa[end[c] as usize] = j - 1;
+        if j != EMPTY && j > 0 {
+            let x = s[j as usize - 1];
+            if x & S_TYPE != 0 {
+                let c = (x & !S_TYPE) as usize;
+                end[c] -= 1;
+                sa[end[c] as usize] = j - 1;
+            }
         }
     }
 }
@@ -247,7 +264,7 @@ mod tests {
             let sigma = s.iter().map(|&c| c as usize + 1).max().unwrap_or(0);
             let mut want: Vec<u32> = (0..n as u32).collect();
             want.sort_by(|&a, &b| s[a as usize..].cmp(&s[b as usize..]));
-            assert_eq!(sa_is(&s, sigma), want, "round {round}: {s:?}");
+            assert_eq!(sa_is(s.clone(), sigma), want, "round {round}: {s:?}");
         }
     }
 

@@ -894,6 +894,23 @@ impl SuffixIndex {
         *self = empty;
     }
 
+    /// Links `children` (in order) under `v`, whose fields are final; if that makes `v` wide,
+    /// they go to `wide` instead, to be linked once the wide-child table is sized.
+    fn adopt(&mut self, v: u32, children: &[u32], wide: &mut Vec<(u32, u32)>) {
+        let min = if self.nodes[v as usize].lo & DEPTH == 1 {
+            WIDE_MIN_DEPTH1
+        } else {
+            WIDE_MIN
+        };
+        if children.len() >= min {
+            wide.extend(children.iter().map(|&c| (v, c)));
+        } else {
+            for (kids, &c) in children.iter().enumerate() {
+                self.link_child(v, c, kids);
+            }
+        }
+    }
+
     /// Indexes the first tokens of an empty index from its suffixes sorted by their first
     /// `max_depth` tokens: the suffix tree's nodes are the LCP intervals of that order, so
     /// one left-to-right pass with a stack of open intervals builds the same tree the online
@@ -916,14 +933,22 @@ impl SuffixIndex {
         self.max_token = tokens.iter().copied().max().unwrap_or(0);
         self.nodes[ROOT as usize].count = n as u32;
         let len_from = |i: u32| d.min(n as u32 - i);
-        // Open intervals on the current path: (lcp, first suffix, node). An interval's node is
-        // allocated when it opens and filled in when it closes (its width and its parent's
-        // lcp, its chain's start, are known then). Links wait until every node is complete.
-        let mut open: Vec<(u32, u32, u32)> = vec![(0, 0, ROOT)];
-        let mut links: Vec<(u32, u32)> = Vec::with_capacity(n + n / 2);
+        // Open intervals on the current path: (lcp, first suffix, node, first pending child).
+        // An interval's node is allocated when it opens and filled in when it closes (its
+        // width and its parent's lcp, its chain's start, are known then). Its children wait on
+        // `pending` and are linked as it closes, while they are likely still in cache; those
+        // of a node with enough children for the wide-child table wait in `wide` until the
+        // pass ends, so that the table is sized once.
+        let mut open: Vec<(u32, u32, u32, u32)> = vec![(0, 0, ROOT, 0)];
+        let mut pending: Vec<u32> = Vec::new();
+        let mut wide: Vec<(u32, u32)> = Vec::new();
         // A fresh arena: nodes are pushed, with no free list to consult and no reference to
         // count (`seq` is live).
         debug_assert!(self.free_nodes.is_empty());
+        // At most one node per interval and one tail per suffix: reserved once (pages are
+        // touched only as nodes are written) and shrunk to what was used, which costs less
+        // than growing the arena step by step.
+        self.nodes.reserve_exact(2 * n + 1);
         let push = |idx: &mut Self, count: u32, token: u32, rpos: u32, lo: u16| {
             reserve(&mut idx.nodes, 1);
             idx.nodes.push(Node {
@@ -950,24 +975,25 @@ impl SuffixIndex {
             let next = lcp.get(k + 1).copied().unwrap_or(0);
             if next > open[open.len() - 1].0 {
                 let v = placeholder(self);
-                open.push((next, k as u32, v));
+                open.push((next, k as u32, v, pending.len() as u32));
             }
             // Suffix k hangs below the deeper of its two neighbours' intervals: a tail for
             // what it has beyond that interval, nothing if it ends there.
-            let (pl, _, pv) = open[open.len() - 1];
+            let pl = open[open.len() - 1].0;
             let p = sa[k];
             if len_from(p) > pl {
                 let lo = pl + 1;
                 let v = push(self, 1, tokens[(p + lo - 1) as usize], p, lo as u16 | TAIL);
-                links.push((pv, v));
+                pending.push(v);
             }
             while next < open[open.len() - 1].0 {
-                let (l, lb, v) = open.pop().expect("the root interval stays open");
+                let (l, lb, v, first) = open.pop().expect("the root interval stays open");
                 if next > open[open.len() - 1].0 {
+                    // A shallower interval starts where this one did: its first child.
                     let w = placeholder(self);
-                    open.push((next, lb, w));
+                    open.push((next, lb, w, first));
                 }
-                let (pl, _, pv) = open[open.len() - 1];
+                let pl = open[open.len() - 1].0;
                 let r = sa[lb as usize];
                 let lo = pl + 1;
                 let node = &mut self.nodes[v as usize];
@@ -976,32 +1002,24 @@ impl SuffixIndex {
                 node.rpos = r;
                 node.lo = lo as u16;
                 node.hi = l as u16;
-                links.push((pv, v));
+                self.adopt(v, &pending[first as usize..], &mut wide);
+                pending.truncate(first as usize);
+                pending.push(v);
             }
         }
-        // Children per node, so that the wide-child table is sized once.
-        let mut kids = vec![0u32; self.nodes.len()];
-        for &(p, _) in &links {
-            kids[p as usize] += 1;
-        }
-        let hashed: usize = kids
-            .iter()
-            .enumerate()
-            .filter(|&(v, &c)| {
-                let min = if self.nodes[v].lo & DEPTH == 1 {
-                    WIDE_MIN_DEPTH1
-                } else {
-                    WIDE_MIN
-                };
-                c as usize >= min
-            })
-            .map(|(_, &c)| c as usize)
-            .sum();
-        self.lookup.reserve(&self.nodes, hashed);
-        kids.iter_mut().for_each(|c| *c = 0);
-        for (p, c) in links {
-            self.link_child(p, c, kids[p as usize] as usize);
-            kids[p as usize] += 1;
+        self.adopt(ROOT, &pending, &mut wide);
+        drop(pending);
+        self.nodes.shrink_to_fit();
+        self.lookup.reserve(&self.nodes, wide.len());
+        let mut kids = 0;
+        for (i, &(p, c)) in wide.iter().enumerate() {
+            // A wide node's children are consecutive.
+            kids = if i > 0 && wide[i - 1].0 == p {
+                kids + 1
+            } else {
+                0
+            };
+            self.link_child(p, c, kids);
         }
         if self.num_tokens > self.max_token as usize && self.is_wide(ROOT) {
             self.densify_root();
