@@ -84,7 +84,7 @@ class ToyDrafter:
         parents = np.tile(np.array([-1, 0, 0, 1, 2], dtype=np.int32), b)
         return ss.TreeBatch.from_flat(parents, tokens.reshape(-1), np.arange(b + 1) * 5)
 
-    def commit(self, trees: ss.TreeBatch, result: Any, step: TargetStep, active: Any) -> None:
+    def commit(self, trees: ss.TreeBatch, result: Any, step: TargetStep, kept: Any) -> None:
         k = result.num_accepted
         rows = np.arange(trees.num_trees)
         # The token before the next root: the last accepted node's token.
@@ -151,6 +151,36 @@ def test_eos_and_length_cut_inside_an_accepted_path() -> None:
     assert spec.tokens == cut
     short = generate(ToyTarget(models.target_logits), ToyDrafter(models.draft_logits), prompts, 4)
     assert short.tokens == [row[:4] for row in ar.tokens]
+
+
+class RecordingDrafter(ToyDrafter):
+    """ToyDrafter that records what `commit` tells it each row kept."""
+
+    def start(self, input_ids: Any, first_tokens: np.ndarray, prefill: TargetStep) -> None:
+        super().start(input_ids, first_tokens, prefill)
+        self.committed: list[list[int]] = [[] for _ in input_ids]
+        self.cut_steps = 0
+
+    def commit(self, trees: ss.TreeBatch, result: Any, step: TargetStep, kept: Any) -> None:
+        super().commit(trees, result, step, kept)
+        for b, k in enumerate(kept.tolist()):
+            self.committed[b] += result.tokens[b, :k].tolist()
+        self.cut_steps += int(np.any((kept > 0) & (kept < result.num_accepted + 1)))
+
+
+def test_drafters_learn_only_emitted_tokens() -> None:
+    # Tokens the target accepted past EOS are never emitted: `commit` must not hand them to
+    # the drafter, whose suffix index would otherwise cache them as part of the response.
+    models = toy_models(vocab=6, seed=1, mismatch=0.0)
+    prompts = [[0, 1], [2, 3]]
+    eos = generate(ToyTarget(models.target_logits), None, prompts, 40).tokens[0][5]
+    recorder = RecordingDrafter(models.draft_logits)
+    spec = generate(ToyTarget(models.target_logits), recorder, prompts, 40, eos_token_id=eos)
+    assert recorder.committed == [row[1:] for row in spec.tokens]  # the first comes at start
+    assert recorder.cut_steps > 0  # EOS fell inside an accepted path
+    suffix = SuffixTreeDrafter(8)
+    spec = generate(ToyTarget(models.target_logits), suffix, prompts, 40, eos_token_id=eos)
+    assert suffix.index.num_global_tokens == sum(map(len, spec.tokens))
 
 
 def test_trees_are_cut_to_the_tokens_a_request_has_left() -> None:

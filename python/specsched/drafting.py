@@ -42,7 +42,9 @@ class SuffixTreeDrafter:
     ) -> None:
         self.request_ids = np.array([next(self._ids) for _ in input_ids], dtype=np.int64)
         for rid, prompt, first in zip(self.request_ids, input_ids, first_tokens, strict=True):
-            self.index.start_request(int(rid), np.array([*prompt, int(first)], dtype=np.int64))
+            # The first token is the response's: it goes to the global cache with the rest.
+            self.index.start_request(int(rid), np.asarray(prompt, dtype=np.int64))
+            self.index.append(int(rid), np.array([first], dtype=np.int64))
 
     def propose(self, roots: np.ndarray, active: np.ndarray) -> TreeBatch:
         return self.index.propose_batch(
@@ -53,10 +55,9 @@ class SuffixTreeDrafter:
             chain=self.chain,
         )
 
-    def commit(self, trees: TreeBatch, result: Any, step: TargetStep, active: np.ndarray) -> None:
-        kept = result.num_accepted + 1
+    def commit(self, trees: TreeBatch, result: Any, step: TargetStep, kept: np.ndarray) -> None:
         tokens = result.tokens
-        for b in np.flatnonzero(active):
+        for b in np.flatnonzero(kept):
             self.index.append(int(self.request_ids[b]), tokens[b, : kept[b]])
 
     def finish(self) -> None:
@@ -82,7 +83,6 @@ class NgramChainDrafter:
     def propose(self, roots: np.ndarray, active: np.ndarray) -> TreeBatch:
         return self.proposer.propose_batch([np.array(c, dtype=np.int64) for c in self.contexts])
 
-    def commit(self, trees: TreeBatch, result: Any, step: TargetStep, active: np.ndarray) -> None:
-        kept = result.num_accepted + 1
-        for b in np.flatnonzero(active):
+    def commit(self, trees: TreeBatch, result: Any, step: TargetStep, kept: np.ndarray) -> None:
+        for b in np.flatnonzero(kept):
             self.contexts[b].extend(result.tokens[b, : kept[b]].tolist())

@@ -91,9 +91,12 @@ class Drafter(Protocol):
         ...
 
     def commit(
-        self, trees: TreeBatch, result: BatchVerifyResult, step: TargetStep, active: np.ndarray
+        self, trees: TreeBatch, result: BatchVerifyResult, step: TargetStep, kept: np.ndarray
     ) -> None:
-        """The target verified `trees` (`step` is its forward); `result` is what it kept."""
+        """The target verified `trees` (`step` is its forward); `result` is what it accepted.
+        `kept[b]` (int64): the tokens row b committed, `result.tokens[b, :kept[b]]`: its
+        accepted path and bonus token, cut after EOS or at the length limit; 0 for a row that
+        had finished. Tokens past that were never emitted: a drafter must not learn them."""
         ...
 
 
@@ -339,10 +342,7 @@ def generate(
         if sync is not None:
             sync()
         t4 = clock()
-        if drafter is not None:
-            drafter.commit(trees, result, step, active.copy())
-        t5 = clock()
-        out.draft_s += (t1 - t0) + (t5 - t4)
+        out.draft_s += t1 - t0
         out.target_s += t2 - t1
         out.verify_s += t3 - t2
         out.kv_s += t4 - t3
@@ -350,14 +350,22 @@ def generate(
 
         num_accepted = result.num_accepted
         emitted = result.tokens
+        # Tokens each row committed: its accepted path and bonus, cut after EOS (0 when done).
+        kept = np.zeros(n, dtype=np.int64)
         finished: list[int] = []
         for b in np.flatnonzero(active).tolist():
             k = int(num_accepted[b])
             out.accepted[b].append(k)
             out.forwards[b] += 1
             roots[b] = emitted[b, k]
+            before = len(out.tokens[b])
             if _emit(out, b, emitted[b, : k + 1], max_new_tokens, eos_token_id, active):
                 finished.append(b)
+            kept[b] = len(out.tokens[b]) - before
+        if drafter is not None:
+            t5 = clock()
+            drafter.commit(trees, result, step, kept)
+            out.draft_s += clock() - t5
         if finished and retire is not None and active.any():
             retire(np.array(finished, dtype=np.int64))
 

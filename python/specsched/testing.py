@@ -415,6 +415,6 @@ class OracleDrafter:
             trees.append(Tree(np.array(parents, np.int32), np.array(tokens, np.int64)))
         return TreeBatch(trees)
 
-    def commit(self, trees: TreeBatch, result: Any, step: Any, active: Any) -> None:
+    def commit(self, trees: TreeBatch, result: Any, step: Any, kept: Any) -> None:
         for b in range(trees.num_trees):
-            self.done[b] += int(result.num_accepted[b]) + 1
+            self.done[b] += int(kept[b])

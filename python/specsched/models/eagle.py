@@ -160,7 +160,8 @@ class _HeadDrafter:
     ) -> None:
         self.state.start(input_ids, first_tokens, prefill)
 
-    def commit(self, trees: TreeBatch, result: Any, step: TargetStep, active: np.ndarray) -> None:
+    def commit(self, trees: TreeBatch, result: Any, step: TargetStep, kept: np.ndarray) -> None:
+        # A row's head state matters only while it runs, and then it kept its whole path.
         self.state.commit(trees, result, step)
 
 
