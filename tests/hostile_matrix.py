@@ -154,6 +154,37 @@ def tree_cases() -> None:
     bad(fn, "wrong tokens length", ValueError, "tokens", lambda: ss.Tree.from_choices([(0,)], [1]))
     bad(fn, "float tokens", TypeError, "tokens", lambda: ss.Tree.from_choices([(0,)], [1.0, 2.0]))
 
+    fn = "TreeBatch.limit_depth"
+    cut_batch = ss.TreeBatch([ss.Tree.chain([1, 2, 3]), ss.Tree.chain([4, 5])])
+    cut_depths = np.array([1, 0], dtype=np.int64)
+    bad(fn, "wrong length", ValueError, "max_depth", lambda: cut_batch.limit_depth([1, 1, 1]))
+    bad(fn, "negative entry", ValueError, "max_depth", lambda: cut_batch.limit_depth([1, -1]))
+    bad(fn, "negative int", ValueError, "max_depth", lambda: cut_batch.limit_depth(-3))
+    bad(fn, "float array", TypeError, "max_depth", lambda: cut_batch.limit_depth(cut_depths * 0.5))
+    bad(fn, "bool", TypeError, "max_depth", lambda: cut_batch.limit_depth(True))
+    bad(
+        fn,
+        "2-D array",
+        ValueError,
+        "max_depth",
+        lambda: cut_batch.limit_depth(cut_depths[None]),
+        cut_depths,
+    )
+    bad(fn, "int past int64", ValueError, "max_depth", lambda: cut_batch.limit_depth(1 << 70))
+    cut_strided = np.stack([cut_depths, cut_depths], axis=1).astype(np.int32)[:, 0]
+    same(
+        fn,
+        "strided int32",
+        lambda: cut_batch.limit_depth(cut_strided),
+        lambda: cut_batch.limit_depth([1, 0]),
+        cut_strided,
+    )
+    same(fn, "past every depth", lambda: cut_batch.limit_depth(1 << 40), lambda: cut_batch)
+    fn = "Tree.limit_depth"
+    bad(fn, "negative", ValueError, "max_depth", lambda: cut_batch[0].limit_depth(-1))
+    bad(fn, "float", TypeError, "max_depth", lambda: cut_batch[0].limit_depth(1.5))
+    bad(fn, "array", TypeError, "max_depth", lambda: cut_batch[0].limit_depth(cut_depths))
+
 
 def layout_cases() -> None:
     n = TREE.num_nodes

@@ -184,29 +184,6 @@ def test_drafters_learn_only_emitted_tokens() -> None:
 
 
 def test_trees_are_cut_to_the_tokens_a_request_has_left() -> None:
-    # `_clip` keeps the nodes of depth <= the row's limit, parents remapped, order kept.
-    from specsched.generate import _clip
-
-    rng = np.random.default_rng(0)
-    for _ in range(50):
-        trees = [
-            ss.Tree(
-                np.array([-1, *[int(rng.integers(i)) for i in range(1, n)]], np.int32),
-                rng.integers(0, 9, size=n),
-            )
-            for n in rng.integers(1, 12, size=4)
-        ]
-        batch = ss.TreeBatch(trees)
-        limit = rng.integers(0, 5, size=4)
-        cut = _clip(batch, limit)
-        for b, tree in enumerate(trees):
-            keep = np.flatnonzero(tree.depths <= limit[b])
-            new_of = {int(old): new for new, old in enumerate(keep)}
-            want_parents = [
-                -1 if tree.parents[i] < 0 else new_of[int(tree.parents[i])] for i in keep
-            ]
-            assert cut[b].parents.tolist() == want_parents
-            assert cut[b].tokens.tolist() == tree.tokens[keep].tolist()
     models = toy_models(vocab=4, seed=5, mismatch=0.3)
     # Near the end, a request is verified only as deep as it can still emit: the ToyDrafter's
     # depth-2 trees are cut to the root and one level when one or two tokens are left.

@@ -42,6 +42,7 @@ def test_every_bad_input_raises_the_documented_error(matrix: dict) -> None:
         "Tree.from_choices",
         "TreeBatch",
         "TreeBatch.from_flat",
+        "TreeBatch.limit_depth",
         "verify",
         "kv_compaction_plan",
         "compact_kv",

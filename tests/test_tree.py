@@ -348,6 +348,57 @@ def test_batch_matches_reference(
     assert ss.TreeBatch([b[i] for i in range(num_trees)]) == b
 
 
+@settings(max_examples=60, deadline=None)
+@given(
+    batch=batches(max_trees=8, max_nodes=40, vocab=1 << 16),
+    data=st.data(),
+    ddtype=st.sampled_from(INDEX_DTYPES),
+    strided=st.booleans(),
+)
+def test_limit_depth_matches_reference(
+    batch: tuple[list[int], list[int], list[int]],
+    data: st.DataObject,
+    ddtype: type,
+    strided: bool,
+) -> None:
+    parents, tokens, offsets = batch
+    b = ss.TreeBatch.from_flat(parents, tokens, offsets)
+    n = b.num_trees
+    limits = data.draw(st.lists(st.integers(0, 12), min_size=n, max_size=n))
+    d = as_array(limits, ddtype, strided)
+    before = d.copy()
+    cut = b.limit_depth(d)
+    np.testing.assert_array_equal(d, before)
+    for i in range(n):
+        local, toks = _local(parents, offsets, i), tokens[offsets[i] : offsets[i + 1]]
+        want = ref.limit_depth(local, toks, limits[i])
+        assert (cut[i].parents.tolist(), cut[i].tokens.tolist()) == want
+        assert b[i].limit_depth(limits[i]) == cut[i]
+    # One int for every tree; a limit past every tree's depth keeps the batch as it is.
+    assert b.limit_depth(limits[0]) == b.limit_depth([limits[0]] * n)
+    assert b.limit_depth(b.max_depth) == b
+    assert b.parents.tolist() == parents  # the input batch is unchanged
+
+
+def test_bad_limit_depth() -> None:
+    b = ss.TreeBatch([ss.Tree.chain([1, 2, 3]), ss.Tree.chain([4])])
+    with pytest.raises(ValueError, match="max_depth: has 3 entries, expected one per tree"):
+        b.limit_depth([1, 1, 1])
+    with pytest.raises(ValueError, match=r"max_depth\[1\] = -1"):
+        b.limit_depth(np.array([0, -1]))
+    with pytest.raises(ValueError, match="max_depth"):
+        b.limit_depth(-2)
+    with pytest.raises(TypeError, match="max_depth"):
+        b.limit_depth(np.array([0.5, 1.0]))
+    with pytest.raises(TypeError, match="max_depth"):
+        b.limit_depth(True)
+    with pytest.raises(ValueError, match="max_depth: must be >= 0"):
+        b[0].limit_depth(-1)
+    with pytest.raises(TypeError, match="max_depth"):
+        b[0].limit_depth(1.5)  # type: ignore[arg-type]
+    assert b[0].limit_depth(0) == ss.Tree.chain([1])
+
+
 def test_batch_equality_and_getitem() -> None:
     t1 = ss.Tree([-1, 0, 0], [1, 2, 3])
     t2 = ss.Tree.chain([4, 5])

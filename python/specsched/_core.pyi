@@ -102,6 +102,8 @@ class Tree:
         """int32 `[num_leaves, max_depth + 1]` root-to-leaf paths, -1 padded."""
     def sglang_links(self) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
         """SGLang `(retrive_next_token, retrive_next_sibling)`, -1 = none."""
+    def limit_depth(self, max_depth: int) -> Tree:
+        """The tree without its nodes deeper than `max_depth` (0: the root alone), order kept."""
 
 @final
 class TreeBatch:
@@ -141,6 +143,9 @@ class TreeBatch:
     def __len__(self) -> int: ...
     def __getitem__(self, index: int, /) -> Tree: ...
     def __eq__(self, other: object, /) -> bool: ...
+    def limit_depth(self, max_depth: npt.ArrayLike) -> TreeBatch:
+        """Without the nodes of tree b deeper than `max_depth[b]` (an int for every tree, or an
+        int array `[B]`), order kept: a request with r tokens left can use depth <= r - 1."""
     def positions(
         self, prefix_lens: npt.ArrayLike | None = None, *, out: npt.NDArray[np.int64] | None = None
     ) -> npt.NDArray[np.int64]:

@@ -204,30 +204,6 @@ def root_only(roots: np.ndarray) -> TreeBatch:
     return TreeBatch.from_flat(np.full(b, -1, np.int32), roots, np.arange(b + 1, dtype=np.int64))
 
 
-def _clip(trees: TreeBatch, max_depth: np.ndarray) -> TreeBatch:
-    """`trees` without the nodes deeper than their row's `max_depth` (0: the root alone).
-
-    A request with `r` tokens left to emit can use a path of at most `r` tokens, the drafts
-    at depth `<= r - 1` and the bonus token: deeper nodes would be verified for nothing, at
-    positions past any an autoregressive run of the request reaches. The cut keeps every
-    ancestor of a kept node, and the nodes' order."""
-    depths = trees.depths
-    offsets = trees.offsets
-    sizes = np.diff(offsets)
-    row = np.repeat(np.arange(sizes.shape[0]), sizes)
-    keep = depths <= max_depth[row]
-    if keep.all():
-        return trees
-    new_index = np.cumsum(keep) - 1  # flat index of each kept node in the cut batch
-    new_offsets = np.zeros(offsets.shape[0], np.int64)
-    np.cumsum(np.add.reduceat(keep.astype(np.int64), offsets[:-1]), out=new_offsets[1:])
-    parents = trees.parents.astype(np.int64)
-    has_parent = parents >= 0
-    flat_parent = np.where(has_parent, parents + offsets[:-1][row], 0)
-    local = np.where(has_parent, new_index[flat_parent] - new_offsets[:-1][row], -1)
-    return TreeBatch.from_flat(local[keep].astype(np.int32), trees.tokens[keep], new_offsets)
-
-
 def _step_seed(seed: int | None, step: int) -> int | None:
     """An independent 64-bit seed per verify step (the draws are keyed by (seed, row, node))."""
     if seed is None:
@@ -325,11 +301,19 @@ def generate(
                 raise ValueError(f"drafter.propose: {trees.num_trees} trees for {n} requests")
             if not np.array_equal(trees.tokens[trees.offsets[:-1]], roots):
                 raise ValueError("drafter.propose: a tree's root is not its request's last token")
-            # The cut costs numpy work: only when some row could not use its whole tree.
+            # The cut is a specsched call: only when some row could not use its whole tree.
             shortest = min(max_new_tokens - len(t) for t in out.tokens)
             if not active.all() or trees.max_depth >= shortest:
                 left = max_new_tokens - np.fromiter(map(len, out.tokens), np.int64, n)
-                trees = _clip(trees, np.where(active, left - 1, 0))
+                # A request with r tokens left can use a path of at most r tokens: the
+                # drafts at depth <= r - 1 and the bonus token. Deeper nodes would be verified
+                # for nothing, at positions no autoregressive run of the request reaches.
+                cut0 = clock()
+                trees = trees.limit_depth(np.where(active, left - 1, 0))
+                # specsched's own tree work, not the drafter's (`draft_s` gets t1 - t0 less it).
+                cut = clock() - cut0
+                out.build_s += cut
+                out.draft_s -= cut
         t1 = clock()
         step = target.forward_tree(trees)
         if sync is not None:

@@ -48,6 +48,7 @@ __all__ = [
     "depths",
     "from_choices",
     "kv_compaction_plan",
+    "limit_depth",
     "num_leaves",
     "packed_mask",
     "packed_ragged_mask",
@@ -157,6 +158,19 @@ def depths(parents: Sequence[int]) -> list[int]:
 def num_leaves(parents: Sequence[int]) -> int:
     """Number of nodes without children (a lone root is a leaf)."""
     return sum(1 for kids in _children(parents) if not kids)
+
+
+def limit_depth(
+    parents: Sequence[int], tokens: Sequence[int], max_depth: int
+) -> tuple[list[int], list[int]]:
+    """The tree without the nodes deeper than ``max_depth``: the kept nodes in their order,
+    each parent given by its position among the kept ones."""
+    dep = depths(parents)
+    kept = [i for i in range(len(parents)) if dep[i] <= max_depth]
+    new_index = {old: new for new, old in enumerate(kept)}
+    return [new_index[parents[i]] if parents[i] >= 0 else -1 for i in kept], [
+        tokens[i] for i in kept
+    ]
 
 
 def chain_parents(n: int) -> list[int]:

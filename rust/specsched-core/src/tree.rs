@@ -260,6 +260,30 @@ impl Tree {
     pub fn num_leaves(&self) -> usize {
         self.num_leaves
     }
+
+    /// The tree without its nodes deeper than `max_depth` (0: the root alone), in the same
+    /// order, parents renumbered.
+    pub fn limit_depth(&self, max_depth: usize) -> Tree {
+        let (mut parents, mut tokens) = (Vec::new(), Vec::new());
+        keep_shallow(self.view(), max_depth, &mut parents, &mut tokens);
+        Tree::from_views(ArrayView1::from(&parents), ArrayView1::from(&tokens))
+            .expect("a depth-limited tree is a tree")
+    }
+}
+
+/// Appends the nodes of `t` with depth `<= max_depth` to `parents` / `tokens`, renumbered
+/// (tree-local). A kept node's parent is shallower, so it is kept, and kept before it.
+fn keep_shallow(t: TreeRef<'_>, max_depth: usize, parents: &mut Vec<i32>, tokens: &mut Vec<i64>) {
+    let mut renumbered = vec![0i32; t.num_nodes()];
+    let mut kept = 0i32;
+    for (i, (&p, &d)) in t.parents.iter().zip(t.depths).enumerate() {
+        if d as usize <= max_depth {
+            renumbered[i] = kept;
+            parents.push(if p < 0 { -1 } else { renumbered[p as usize] });
+            tokens.push(t.tokens[i]);
+            kept += 1;
+        }
+    }
 }
 
 /// `B` validated trees stored flat with CSR offsets; parents are tree-local.
@@ -427,6 +451,46 @@ impl TreeBatch {
     pub fn trees(&self) -> impl ExactSizeIterator<Item = TreeRef<'_>> + '_ {
         (0..self.num_trees()).map(move |b| self.tree(b))
     }
+
+    /// The batch without the nodes of tree `b` deeper than `max_depth[b]` (0: its root alone),
+    /// in the same order, parents renumbered: e.g. a request with `r` tokens left can use the
+    /// drafts at depth `<= r - 1`.
+    pub fn limit_depth(&self, max_depth: &[i64]) -> Result<TreeBatch> {
+        let b = self.num_trees();
+        if max_depth.len() != b {
+            return Err(Error::value(
+                "max_depth",
+                format!(
+                    "has {} entries, expected one per tree ({b})",
+                    max_depth.len()
+                ),
+            ));
+        }
+        if let Some((i, d)) = max_depth.iter().enumerate().find(|(_, &d)| d < 0) {
+            return Err(Error::value(
+                "max_depth",
+                format!("max_depth[{i}] = {d}, expected >= 0"),
+            ));
+        }
+        let mut parents = Vec::with_capacity(self.num_nodes());
+        let mut tokens = Vec::with_capacity(self.num_nodes());
+        let mut offsets = Vec::with_capacity(b + 1);
+        offsets.push(0i64);
+        for (t, &d) in self.trees().zip(max_depth) {
+            keep_shallow(
+                t,
+                d.min(MAX_NODES as i64) as usize,
+                &mut parents,
+                &mut tokens,
+            );
+            offsets.push(parents.len() as i64);
+        }
+        TreeBatch::from_views(
+            ArrayView1::from(&parents),
+            ArrayView1::from(&tokens),
+            ArrayView1::from(&offsets),
+        )
+    }
 }
 
 /// Checks CSR offsets over `total` nodes: starts at 0, strictly increasing (every tree has a
@@ -535,5 +599,30 @@ mod tests {
             ArrayView1::from(&[0i64, 1, 5]),
         );
         assert!(bad_root.unwrap_err().to_string().contains("tree 1"));
+    }
+
+    #[test]
+    fn limit_depth_keeps_shallow_nodes_in_order() {
+        // 0 -> 1 -> 3 -> 4, 0 -> 2 -> 5
+        let b = TreeBatch::from_trees(&[
+            &Tree::new(&[-1, 0, 0, 1, 3, 2], &[10, 11, 12, 13, 14, 15]).unwrap(),
+            &Tree::new(&[-1], &[20]).unwrap(),
+        ])
+        .unwrap();
+        let cut = b.limit_depth(&[1, 0]).unwrap();
+        assert_eq!(cut.parents(), &[-1, 0, 0, -1]);
+        assert_eq!(cut.tokens(), &[10, 11, 12, 20]);
+        assert_eq!(cut.offsets(), &[0, 3, 4]);
+        let two = b.limit_depth(&[2, 5]).unwrap();
+        assert_eq!(two.parents(), &[-1, 0, 0, 1, 2, -1]);
+        assert_eq!(two.tokens(), &[10, 11, 12, 13, 15, 20]);
+        assert_eq!(b.limit_depth(&[3, 0]).unwrap(), b);
+        assert_eq!(b.to_tree(0).limit_depth(0).tokens(), &[10]);
+        assert!(b.limit_depth(&[1]).is_err());
+        assert!(b
+            .limit_depth(&[1, -1])
+            .unwrap_err()
+            .to_string()
+            .contains("max_depth[1]"));
     }
 }

@@ -170,43 +170,52 @@ pub fn int_array1<'py>(
     }
 }
 
-/// A prefix length for every request: a Python int, or an integer array `[B]`.
-pub enum Prefix {
+/// A per-request integer argument (`prefix_lens`, `max_depth`): a Python int for every
+/// request, or an integer array `[B]`.
+pub enum PerRequest {
     All(i64),
-    PerTree(Vec<i64>),
+    Each(Vec<i64>),
 }
 
-impl Prefix {
-    pub fn extract(obj: &Bound<'_, PyAny>) -> PyResult<Prefix> {
+impl PerRequest {
+    pub fn extract(obj: &Bound<'_, PyAny>, arg: &str) -> PyResult<PerRequest> {
         if obj.is_instance_of::<pyo3::types::PyBool>() {
-            return Err(PyTypeError::new_err(
-                "prefix_lens: expected an int or a 1-D int array, got bool",
-            ));
+            return Err(PyTypeError::new_err(format!(
+                "{arg}: expected an int or a 1-D int array, got bool"
+            )));
         }
         if let Ok(p) = obj.extract::<i64>() {
-            return Ok(Prefix::All(p));
+            return Ok(PerRequest::All(p));
         }
         if obj.is_instance_of::<pyo3::types::PyInt>() {
             return Err(PyValueError::new_err(format!(
-                "prefix_lens: {obj} does not fit in int64"
+                "{arg}: {obj} does not fit in int64"
             )));
         }
-        if as_ndarray(obj, "prefix_lens")?.ndim() == 0 {
+        if as_ndarray(obj, arg)?.ndim() == 0 {
             return Err(PyTypeError::new_err(format!(
-                "prefix_lens: expected an int or a 1-D int array, got {}",
+                "{arg}: expected an int or a 1-D int array, got {}",
                 type_name(obj)
             )));
         }
-        let arr = int_array1(obj, "prefix_lens", false)?;
-        Ok(Prefix::PerTree(
+        let arr = int_array1(obj, arg, false)?;
+        Ok(PerRequest::Each(
             with_int_view!(arr, v => v.iter().map(|&x| x.to_i64()).collect()),
         ))
     }
 
+    /// One value per request of `num_trees` (the count of `Each` is checked by the caller).
+    pub fn into_vec(self, num_trees: usize) -> Vec<i64> {
+        match self {
+            PerRequest::All(p) => vec![p; num_trees],
+            PerRequest::Each(v) => v,
+        }
+    }
+
     pub fn as_core(&self) -> PrefixLens<'_> {
         match self {
-            Prefix::All(p) => PrefixLens::All(*p),
-            Prefix::PerTree(v) => PrefixLens::PerTree(v),
+            PerRequest::All(p) => PrefixLens::All(*p),
+            PerRequest::Each(v) => PrefixLens::PerTree(v),
         }
     }
 }

@@ -9,7 +9,7 @@ use specsched_core::kv::{self, Move, StridedMut};
 use specsched_core::verify::{BatchVerified, Verified};
 
 use crate::convert::{
-    data_ptr, int_array1, is_writeable, owned, type_name, with_int_view, IntoPyResult, Prefix,
+    data_ptr, int_array1, is_writeable, owned, type_name, with_int_view, IntoPyResult, PerRequest,
 };
 use crate::verify::{PyBatchVerifyResult, PyVerifyResult};
 
@@ -36,16 +36,13 @@ impl<'py> AnyResult<'py> {
 
 /// Per-request prefix lengths of a batch result (an int applies to every request).
 fn batch_prefixes(r: &BatchVerified, prefix_lens: &Bound<'_, PyAny>) -> PyResult<Vec<i64>> {
-    Ok(match Prefix::extract(prefix_lens)? {
-        Prefix::All(p) => vec![p; r.num_trees()],
-        Prefix::PerTree(v) => v,
-    })
+    Ok(PerRequest::extract(prefix_lens, "prefix_lens")?.into_vec(r.num_trees()))
 }
 
 fn single_prefix(prefix_lens: &Bound<'_, PyAny>) -> PyResult<i64> {
-    match Prefix::extract(prefix_lens)? {
-        Prefix::All(p) => Ok(p),
-        Prefix::PerTree(_) => Err(PyTypeError::new_err(
+    match PerRequest::extract(prefix_lens, "prefix_lens")? {
+        PerRequest::All(p) => Ok(p),
+        PerRequest::Each(_) => Err(PyTypeError::new_err(
             "prefix_lens: expected an int for a single-tree result, got an array",
         )),
     }

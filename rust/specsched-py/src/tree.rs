@@ -13,8 +13,13 @@ use specsched_core::{topology, Tree, TreeBatch, TreeRef};
 
 use crate::convert::{
     int_array1, output, readonly_view, type_name, with_int_view, writer, zeros, IntoPyResult,
-    Prefix,
+    PerRequest,
 };
+
+/// `max_depth` of `Tree.limit_depth`, an int (named in the error).
+fn max_depth_arg(obj: &Bound<'_, PyAny>) -> PyResult<i64> {
+    crate::convert::int_arg(obj, "max_depth")
+}
 
 /// A draft tree: node 0 is the root (the last committed token), `parents[i] < i`.
 #[pyclass(frozen, eq, module = "specsched", name = "Tree")]
@@ -193,6 +198,19 @@ impl PyTree {
     #[getter]
     fn num_leaves(&self) -> usize {
         self.inner.num_leaves()
+    }
+
+    /// The tree without its nodes deeper than `max_depth` (0: the root alone), order kept.
+    fn limit_depth(
+        &self,
+        #[pyo3(from_py_with = max_depth_arg)] max_depth: i64,
+    ) -> PyResult<PyTree> {
+        let d = usize::try_from(max_depth).map_err(|_| {
+            PyValueError::new_err(format!("max_depth: must be >= 0, got {max_depth}"))
+        })?;
+        Ok(PyTree {
+            inner: self.inner.limit_depth(d),
+        })
     }
 
     /// int32 `[N]`, read-only, shares the tree's memory.
@@ -409,6 +427,15 @@ impl PyTreeBatch {
     #[getter]
     fn max_nodes(&self) -> usize {
         self.inner.max_nodes()
+    }
+
+    /// The batch without the nodes of tree `b` deeper than `max_depth[b]` (an int for every
+    /// tree, or an int array `[B]`), order kept.
+    fn limit_depth(&self, py: Python<'_>, max_depth: &Bound<'_, PyAny>) -> PyResult<PyTreeBatch> {
+        let d = PerRequest::extract(max_depth, "max_depth")?.into_vec(self.inner.num_trees());
+        let b = &self.inner;
+        let inner = py.detach(|| b.limit_depth(&d)).py()?;
+        Ok(PyTreeBatch { inner })
     }
 
     /// int64 `[B+1]` CSR offsets (a new array).
@@ -639,7 +666,7 @@ impl PyTreeBatch {
     fn prefix_or_zero(&self, prefix_lens: Option<&Bound<'_, PyAny>>) -> PyResult<Vec<usize>> {
         match prefix_lens {
             None => Ok(vec![0; self.inner.num_trees()]),
-            Some(p) => Prefix::extract(p)?
+            Some(p) => PerRequest::extract(p, "prefix_lens")?
                 .as_core()
                 .resolve(self.inner.num_trees())
                 .py(),
