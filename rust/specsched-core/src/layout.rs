@@ -10,7 +10,7 @@
 use rayon::prelude::*;
 
 use crate::error::{Error, Result};
-use crate::tree::{TreeBatch, TreeRef};
+use crate::tree::{per_tree_sizes, TreeBatch, TreeRef};
 
 /// Outputs smaller than this (elements) are filled on the calling thread.
 const PARALLEL_MIN_ELEMENTS: usize = 1 << 18;
@@ -197,30 +197,7 @@ impl PrefixLens<'_> {
                 }
                 Ok(vec![p as usize; num_trees])
             }
-            PrefixLens::PerTree(v) => {
-                if v.len() != num_trees {
-                    return Err(Error::value(
-                        "prefix_lens",
-                        format!(
-                            "has {} entries, expected one per tree ({num_trees})",
-                            v.len()
-                        ),
-                    ));
-                }
-                v.iter()
-                    .enumerate()
-                    .map(|(i, &p)| {
-                        if p < 0 {
-                            Err(Error::value(
-                                "prefix_lens",
-                                format!("prefix_lens[{i}] = {p}, must be >= 0"),
-                            ))
-                        } else {
-                            Ok(p as usize)
-                        }
-                    })
-                    .collect()
-            }
+            PrefixLens::PerTree(v) => per_tree_sizes(v, num_trees, "prefix_lens"),
         }
     }
 }

@@ -456,33 +456,14 @@ impl TreeBatch {
     /// in the same order, parents renumbered: e.g. a request with `r` tokens left can use the
     /// drafts at depth `<= r - 1`.
     pub fn limit_depth(&self, max_depth: &[i64]) -> Result<TreeBatch> {
-        let b = self.num_trees();
-        if max_depth.len() != b {
-            return Err(Error::value(
-                "max_depth",
-                format!(
-                    "has {} entries, expected one per tree ({b})",
-                    max_depth.len()
-                ),
-            ));
-        }
-        if let Some((i, d)) = max_depth.iter().enumerate().find(|(_, &d)| d < 0) {
-            return Err(Error::value(
-                "max_depth",
-                format!("max_depth[{i}] = {d}, expected >= 0"),
-            ));
-        }
+        let max_depth = per_tree_sizes(max_depth, self.num_trees(), "max_depth")?;
+        let b = max_depth.len();
         let mut parents = Vec::with_capacity(self.num_nodes());
         let mut tokens = Vec::with_capacity(self.num_nodes());
         let mut offsets = Vec::with_capacity(b + 1);
         offsets.push(0i64);
-        for (t, &d) in self.trees().zip(max_depth) {
-            keep_shallow(
-                t,
-                d.min(MAX_NODES as i64) as usize,
-                &mut parents,
-                &mut tokens,
-            );
+        for (t, &d) in self.trees().zip(&max_depth) {
+            keep_shallow(t, d, &mut parents, &mut tokens);
             offsets.push(parents.len() as i64);
         }
         TreeBatch::from_views(
@@ -491,6 +472,28 @@ impl TreeBatch {
             ArrayView1::from(&offsets),
         )
     }
+}
+
+/// A non-negative size per tree (`prefix_lens`, `max_depth`): checks the count and signs,
+/// naming `arg` and the index.
+pub fn per_tree_sizes(values: &[i64], num_trees: usize, arg: &'static str) -> Result<Vec<usize>> {
+    if values.len() != num_trees {
+        return Err(Error::value(
+            arg,
+            format!(
+                "has {} entries, expected one per tree ({num_trees})",
+                values.len()
+            ),
+        ));
+    }
+    values
+        .iter()
+        .enumerate()
+        .map(|(i, &x)| {
+            usize::try_from(x)
+                .map_err(|_| Error::value(arg, format!("{arg}[{i}] = {x}, must be >= 0")))
+        })
+        .collect()
 }
 
 /// Checks CSR offsets over `total` nodes: starts at 0, strictly increasing (every tree has a
