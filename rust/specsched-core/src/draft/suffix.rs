@@ -64,9 +64,9 @@
 //! tokens. (Best of 5 by thread CPU time on 2 shared, loaded cores: ranges over alternated
 //! runs.) A long first sequence of an empty index (a request's prompt) skips the per-active
 //! work when its first tokens show repetitive text (more than 3 steps per token): its
-//! suffixes are sorted by their first `max_depth` tokens (prefix doubling, `super::sort`) and
-//! the tree is read off the LCP intervals of that order in one pass, O(n log max_depth):
-//! 5-8 M/s on 10^5 stdlib bytes and 3.7-4.6 M/s on 10^6 (online: 2-3 and 1.2-1.9).
+//! suffixes are sorted (SA-IS, with common prefixes capped at `max_depth`: `super::sort`) and
+//! the tree is read off the LCP intervals of that order in one pass, O(n): 6.5-8.8 M/s on
+//! 10^5 stdlib bytes and 5.0-7.2 M/s on 10^6 (online: 2-3 and 1.2-1.9).
 //! Eviction of a sequence of n tokens: O(n * max_depth).
 //! Propose: per-request match O(max_depth); global match O(max_depth^2) steps worst case;
 //! expansion O(budget * children log).
