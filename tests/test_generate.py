@@ -354,6 +354,28 @@ def test_static_drafter_takes_each_choice_rank(shipped: tuple[Any, Any]) -> None
         assert sparse[1] != full[1]  # not the head's first candidate
 
 
+def test_drafters_give_finished_rows_the_root_alone(shipped: tuple[Any, Any]) -> None:
+    # What the loop would cut a finished row's tree to; a drafter that gives it so spares the
+    # loop that call. The rows still running keep their whole trees.
+    target, head = shipped
+    pre = TinyTarget(target).prefill(PROMPTS)
+    first = np.asarray(pre.logits).argmax(-1).astype(np.int64)
+    active = np.arange(len(PROMPTS)) % 2 == 0
+    for drafter, size in (
+        (EagleChainDrafter(target, head, depth=3), 4),
+        (EagleStaticDrafter(target, head, [(0,), (1,), (0, 0)]), 4),
+        (NgramChainDrafter(3), None),
+    ):
+        drafter.start(PROMPTS, first, pre)
+        for rows in (active, ~active, np.ones_like(active)):
+            trees = drafter.propose(first, rows)
+            sizes = np.diff(trees.offsets)
+            assert (sizes[~rows] == 1).all()
+            if size is not None:
+                assert (sizes[rows] == size).all()
+            assert trees.tokens[trees.offsets[:-1]].tolist() == first.tolist()
+
+
 def test_head_drafters_need_the_targets_features(shipped: tuple[Any, Any]) -> None:
     target, head = shipped
     pre = TinyTarget(target).prefill(PROMPTS)
@@ -377,7 +399,10 @@ def test_chain_drafter_drafts_the_topk1_dynamic_chain(shipped: tuple[Any, Any]) 
 
         def record(roots: np.ndarray, active: np.ndarray) -> ss.TreeBatch:
             trees = propose(roots, active)
-            proposed[name].append((np.asarray(trees.parents), np.asarray(trees.tokens)))
+            # Compared as verified: a finished row's tree is its root alone (the chain drafter
+            # gives it so, the loop cuts the dynamic drafter's).
+            seen = trees.limit_depth(np.where(active, trees.max_depth, 0))
+            proposed[name].append((np.asarray(seen.parents), np.asarray(seen.tokens)))
             return trees
 
         drafter.propose = record

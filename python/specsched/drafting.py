@@ -81,7 +81,14 @@ class NgramChainDrafter:
         self.contexts = [[*p, int(f)] for p, f in zip(input_ids, first_tokens, strict=True)]
 
     def propose(self, roots: np.ndarray, active: np.ndarray) -> TreeBatch:
-        return self.proposer.propose_batch([np.array(c, dtype=np.int64) for c in self.contexts])
+        # A finished row proposes from its last token alone: nothing precedes it to match, so
+        # its tree is the root alone (what the loop would cut it to).
+        return self.proposer.propose_batch(
+            [
+                np.array(c if a else c[-1:], dtype=np.int64)
+                for c, a in zip(self.contexts, active, strict=True)
+            ]
+        )
 
     def commit(self, trees: TreeBatch, result: Any, step: TargetStep, kept: np.ndarray) -> None:
         for b in np.flatnonzero(kept):

@@ -299,15 +299,20 @@ def generate(
             trees = drafter.propose(roots.copy(), active.copy())
             if trees.num_trees != n:
                 raise ValueError(f"drafter.propose: {trees.num_trees} trees for {n} requests")
-            if not np.array_equal(trees.tokens[trees.offsets[:-1]], roots):
+            offsets = trees.offsets
+            if not np.array_equal(trees.tokens[offsets[:-1]], roots):
                 raise ValueError("drafter.propose: a tree's root is not its request's last token")
-            # The cut is a specsched call: only when some row could not use its whole tree.
-            shortest = min(max_new_tokens - len(t) for t in out.tokens)
-            if not active.all() or trees.max_depth >= shortest:
+            # A request with r tokens left can use a path of at most r tokens: the drafts at
+            # depth <= r - 1 and the bonus token (deeper nodes would be verified for nothing,
+            # at positions no autoregressive run of the request reaches); a finished row, its
+            # root alone. The cut is a specsched call: only when some tree is deeper than its
+            # row can use (the shipped drafters give finished rows the root alone).
+            rows = np.flatnonzero(active).tolist()
+            shortest = min(max_new_tokens - len(out.tokens[b]) for b in rows)
+            if trees.max_depth >= shortest or (
+                len(rows) < n and bool((np.diff(offsets)[~active] > 1).any())
+            ):
                 left = max_new_tokens - np.fromiter(map(len, out.tokens), np.int64, n)
-                # A request with r tokens left can use a path of at most r tokens: the
-                # drafts at depth <= r - 1 and the bonus token. Deeper nodes would be verified
-                # for nothing, at positions no autoregressive run of the request reaches.
                 cut0 = clock()
                 trees = trees.limit_depth(np.where(active, left - 1, 0))
                 # specsched's own tree work, not the drafter's (`draft_s` gets t1 - t0 less it).

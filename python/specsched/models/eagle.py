@@ -134,18 +134,32 @@ class _HeadDrafter:
     """What every head drafter shares: the head's state, start, commit, builder time."""
 
     state: _HeadState
-    # Flat parents and offsets of `b` copies of a fixed topology, per batch size `b`.
-    _layouts: dict[int, tuple[np.ndarray, np.ndarray]]
+    # Per pattern of running rows (`active.tobytes()`): the flat parents and offsets of the
+    # topology for each running row and the root alone for each finished one, and which of
+    # the `[B, n]` tokens they keep (None: all). Rows only finish, so a batch meets at most
+    # B + 1 patterns.
+    _layouts: dict[bytes, tuple[np.ndarray, np.ndarray, np.ndarray | None]]
 
-    def _fixed_trees(self, parents: np.ndarray, tokens: torch.Tensor) -> TreeBatch:
-        """`tokens [B, n]` over `B` copies of one topology (`parents [n]`) as a TreeBatch.
-        Only the specsched call counts as build time; the layout is made once per `B`."""
-        b, n = tokens.shape
-        if b not in self._layouts:
-            flat_parents = np.tile(parents.astype(np.int32), b)
-            self._layouts[b] = (flat_parents, np.arange(b + 1, dtype=np.int64) * n)
-        flat_parents, offsets = self._layouts[b]
+    def _fixed_trees(
+        self, parents: np.ndarray, tokens: torch.Tensor, active: np.ndarray
+    ) -> TreeBatch:
+        """`tokens [B, n]` over copies of one topology (`parents [n]`) as a TreeBatch, the root
+        alone for a finished row (`active[b] == False`: the loop would cut its tree to that).
+        Only the specsched call counts as build time; a layout is made once per pattern."""
+        n = tokens.shape[1]
+        key = active.tobytes()
+        if key not in self._layouts:
+            sizes = np.where(active, n, 1)
+            flat_parents = np.concatenate([parents if a else parents[:1] for a in active])
+            offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+            take = None
+            if not active.all():
+                take = np.concatenate([np.arange(int(s)) + r * n for r, s in enumerate(sizes)])
+            self._layouts[key] = (flat_parents.astype(np.int32), offsets, take)
+        flat_parents, offsets, take = self._layouts[key]
         flat = tokens.reshape(-1).cpu().numpy()
+        if take is not None:
+            flat = flat[take]
         t0 = time.perf_counter()
         trees = TreeBatch.from_flat(flat_parents, flat, offsets)
         self.state.build_seconds += time.perf_counter() - t0
@@ -159,6 +173,7 @@ class _HeadDrafter:
         self, input_ids: Sequence[Sequence[int]], first_tokens: np.ndarray, prefill: TargetStep
     ) -> None:
         self.state.start(input_ids, first_tokens, prefill)
+        self._layouts = {}
 
     def commit(self, trees: TreeBatch, result: Any, step: TargetStep, kept: np.ndarray) -> None:
         # A row's head state matters only while it runs, and then it kept its whole path.
@@ -271,7 +286,7 @@ class EagleChainDrafter(_HeadDrafter):
                 torch.tensor([level - 1], device=dev),
                 ancestors[:, :, :level],
             )[:, 0]
-        return self._fixed_trees(self.parents, tokens)
+        return self._fixed_trees(self.parents, tokens, active)
 
 
 class EagleStaticDrafter(_HeadDrafter):
@@ -342,4 +357,4 @@ class EagleStaticDrafter(_HeadDrafter):
                 columns,
                 ancestors[nodes][:, : int(nodes.max())].expand(b, -1, -1),
             )
-        return self._fixed_trees(self.parents, tokens)
+        return self._fixed_trees(self.parents, tokens, active)
