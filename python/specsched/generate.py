@@ -87,7 +87,9 @@ class Drafter(Protocol):
 
     def propose(self, roots: np.ndarray, active: np.ndarray) -> TreeBatch:
         """One tree per row with root token `roots[b]`. Rows with `active[b] == False` are
-        finished; their trees are replaced by the root alone, so a drafter may skip them."""
+        finished: a drafter may give them the root alone (the shipped chain, static and n-gram
+        drafters do), else the loop cuts their trees to it, as it cuts any tree deeper than
+        its row's tokens left allow (`TreeBatch.limit_depth`, a specsched call)."""
         ...
 
     def commit(
