@@ -265,16 +265,29 @@ impl Tree {
     /// order, parents renumbered.
     pub fn limit_depth(&self, max_depth: usize) -> Tree {
         let (mut parents, mut tokens) = (Vec::new(), Vec::new());
-        keep_shallow(self.view(), max_depth, &mut parents, &mut tokens);
+        let mut renumbered = vec![0; self.num_nodes()];
+        keep_shallow(
+            self.view(),
+            max_depth,
+            &mut renumbered,
+            &mut parents,
+            &mut tokens,
+        );
         Tree::from_views(ArrayView1::from(&parents), ArrayView1::from(&tokens))
             .expect("a depth-limited tree is a tree")
     }
 }
 
 /// Appends the nodes of `t` with depth `<= max_depth` to `parents` / `tokens`, renumbered
-/// (tree-local). A kept node's parent is shallower, so it is kept, and kept before it.
-fn keep_shallow(t: TreeRef<'_>, max_depth: usize, parents: &mut Vec<i32>, tokens: &mut Vec<i64>) {
-    let mut renumbered = vec![0i32; t.num_nodes()];
+/// (tree-local; `renumbered`, at least `t`'s size, is scratch). A kept node's parent is
+/// shallower, so it is kept, and kept before it.
+fn keep_shallow(
+    t: TreeRef<'_>,
+    max_depth: usize,
+    renumbered: &mut [i32],
+    parents: &mut Vec<i32>,
+    tokens: &mut Vec<i64>,
+) {
     let mut kept = 0i32;
     for (i, (&p, &d)) in t.parents.iter().zip(t.depths).enumerate() {
         if d as usize <= max_depth {
@@ -462,8 +475,9 @@ impl TreeBatch {
         let mut tokens = Vec::with_capacity(self.num_nodes());
         let mut offsets = Vec::with_capacity(b + 1);
         offsets.push(0i64);
+        let mut renumbered = vec![0; self.max_nodes()];
         for (t, &d) in self.trees().zip(&max_depth) {
-            keep_shallow(t, d, &mut parents, &mut tokens);
+            keep_shallow(t, d, &mut renumbered, &mut parents, &mut tokens);
             offsets.push(parents.len() as i64);
         }
         TreeBatch::from_views(
