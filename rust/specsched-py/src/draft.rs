@@ -14,12 +14,27 @@ use specsched_core::draft::ngram::NgramConfig;
 use specsched_core::draft::suffix::{Proposal, ProposeOptions, SuffixDrafter};
 use specsched_core::{Tree, TreeBatch};
 
-use crate::convert::{int_array1, owned, set_readonly, with_int_view, IntoPyResult};
+use crate::convert::{int_array1, owned, set_readonly, with_int_view, IntArray1, IntoPyResult};
 use crate::tree::{PyTree, PyTreeBatch};
 
 fn int_list(obj: &Bound<'_, PyAny>, arg: &str) -> PyResult<Vec<i64>> {
     let a = int_array1(obj, arg, true)?;
     Ok(with_int_view!(a, v => v.iter().map(|x| specsched_core::IndexLike::to_i64(*x)).collect()))
+}
+
+/// Runs `f` on the tokens as an `i64` slice: the array's own memory when it is a contiguous
+/// int64 array (a long prompt is read in place, not copied first), else a converted copy.
+fn with_tokens<R>(obj: &Bound<'_, PyAny>, arg: &str, f: impl FnOnce(&[i64]) -> R) -> PyResult<R> {
+    let a = int_array1(obj, arg, true)?;
+    if let IntArray1::I64(v) = &a {
+        if let Ok(s) = v.as_slice() {
+            return Ok(f(s));
+        }
+    }
+    Ok(f(&with_int_view!(a, v => v
+        .iter()
+        .map(|x| specsched_core::IndexLike::to_i64(*x))
+        .collect::<Vec<i64>>())))
 }
 
 fn sequence<'py>(obj: &Bound<'py, PyAny>, arg: &str) -> PyResult<Vec<Bound<'py, PyAny>>> {
@@ -160,19 +175,21 @@ impl PySuffixDrafter {
         request_id: i64,
         prompt: &Bound<'_, PyAny>,
     ) -> PyResult<()> {
-        let prompt = int_list(prompt, "prompt")?;
-        py.detach(|| {
-            let mut d = self.inner.write().map_err(poisoned)?;
-            d.start_request(request_id, &prompt).py()
-        })
+        with_tokens(prompt, "prompt", |prompt| {
+            py.detach(|| {
+                let mut d = self.inner.write().map_err(poisoned)?;
+                d.start_request(request_id, prompt).py()
+            })
+        })?
     }
 
     fn append(&self, py: Python<'_>, request_id: i64, tokens: &Bound<'_, PyAny>) -> PyResult<()> {
-        let tokens = int_list(tokens, "tokens")?;
-        py.detach(|| {
-            let mut d = self.inner.write().map_err(poisoned)?;
-            d.append(request_id, &tokens).py()
-        })
+        with_tokens(tokens, "tokens", |tokens| {
+            py.detach(|| {
+                let mut d = self.inner.write().map_err(poisoned)?;
+                d.append(request_id, tokens).py()
+            })
+        })?
     }
 
     #[pyo3(signature = (request_id, cache=true))]
