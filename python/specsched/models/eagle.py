@@ -147,6 +147,7 @@ class _HeadDrafter:
         alone for a finished row (`active[b] == False`: the loop would cut its tree to that).
         Only the specsched call counts as build time; a layout is made once per pattern."""
         n = tokens.shape[1]
+        active = np.asarray(active, dtype=bool)
         key = active.tobytes()
         if key not in self._layouts:
             sizes = np.where(active, n, 1)
