@@ -105,8 +105,19 @@ fn sa_is(mut s: Vec<u32>, sigma: usize) -> Vec<u32> {
     // Sorting the LMS substrings (each from one LMS position to the next) needs the LMS
     // positions in any order; the induced order lists them sorted by substring.
     induce(&s, &start, &lms, &mut sa);
+    // Picked out of the order through a bitmap (n / 8 bytes, cache-resident), not by reading
+    // each suffix's types (random reads over the 4n-byte text).
+    let mut lms_bits = vec![0u64; n / 64 + 1];
+    for &j in &lms {
+        lms_bits[j as usize / 64] |= 1 << (j % 64);
+    }
     let mut sorted: Vec<u32> = Vec::with_capacity(lms.len());
-    sorted.extend(sa.iter().copied().filter(|&j| is_lms(j as usize)));
+    sorted.extend(
+        sa.iter()
+            .copied()
+            .filter(|&j| lms_bits[j as usize / 64] >> (j % 64) & 1 != 0),
+    );
+    drop(lms_bits);
     // Name the substrings: equal neighbours in that order share a name. LMS positions are at
     // least 2 apart, so arrays over `j / 2` hold one slot per LMS position j.
     let half = n / 2 + 1;
