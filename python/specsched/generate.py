@@ -295,6 +295,7 @@ def generate(
     while active.any():
         out.steps += 1
         t0 = clock()
+        rows = np.flatnonzero(active).tolist()  # running this step
         if drafter is None:
             trees = root_only(roots)
         else:
@@ -309,7 +310,6 @@ def generate(
             # at positions no autoregressive run of the request reaches); a finished row, its
             # root alone. The cut is a specsched call: only when some tree is deeper than its
             # row can use (the shipped drafters give finished rows the root alone).
-            rows = np.flatnonzero(active).tolist()
             shortest = min(max_new_tokens - len(out.tokens[b]) for b in rows)
             if trees.max_depth >= shortest or (
                 len(rows) < n and bool((np.diff(offsets)[~active] > 1).any())
@@ -344,7 +344,7 @@ def generate(
         # Tokens each row committed: its accepted path and bonus, cut after EOS (0 when done).
         kept = np.zeros(n, dtype=np.int64)
         finished: list[int] = []
-        for b in np.flatnonzero(active).tolist():
+        for b in rows:
             k = int(num_accepted[b])
             out.accepted[b].append(k)
             out.forwards[b] += 1

@@ -950,7 +950,6 @@ impl SuffixIndex {
         // than growing the arena step by step.
         self.nodes.reserve_exact(2 * n + 1);
         let push = |idx: &mut Self, count: u32, token: u32, rpos: u32, lo: u16| {
-            reserve(&mut idx.nodes, 1);
             idx.nodes.push(Node {
                 count,
                 token,
