@@ -202,6 +202,65 @@ def test_dense_masks_match_reference_past_32_and_64_nodes(bs, topk, steps, data)
             assert np.asarray(g).ravel().tolist() == np.asarray(w).ravel().tolist()
 
 
+@settings(max_examples=40, deadline=None)
+@given(st.integers(1, 3), st.integers(1, 4), st.integers(2, 4), st.data())
+def test_parents_shared_by_several_slots_match_reference(bs, topk, steps, data):
+    # SGLang's drafting gives each draft slot its own parent, so a parent's children are one
+    # run of nodes; a parent_list that repeats a parent (still a tree) splits them into
+    # several runs, which must still be listed in node order, as the kernel lists them.
+    pool = topk + (steps - 1) * topk * topk
+    n = data.draw(st.integers(2, min(pool + 1, 64)))
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
+    score_list, token_list, parents_list = sglang_draft(rng, bs, topk, steps, vocab=20)
+    parent_list, top_index, draft = sg.organize_draft_results(
+        score_list, token_list, parents_list, n
+    )
+    parent_list = parent_list.copy()
+    for b in range(bs):
+        chosen = top_index[b].tolist()
+        for slot in range(1, parent_list.shape[1]):
+            # Any candidate selected before the slot's first one stays a valid parent.
+            earlier = [c for c in chosen if c < slot * topk]
+            if earlier and data.draw(st.booleans()):
+                parent_list[b, slot] = earlier[data.draw(st.integers(0, len(earlier) - 1))]
+    seq = rng.integers(0, 9, size=bs)
+    vid = rng.integers(0, 20, size=bs)
+    for mode in (sg.TreeMaskMode.QLEN_ONLY, sg.TreeMaskMode.FULL_MASK):
+        got = sg.build_tree_kernel_efficient(
+            vid, parent_list, top_index, draft, seq, int(seq.sum()), topk, steps, n, mode
+        )
+        want = ref.sglang_build_tree(
+            parent_list.tolist(), top_index.tolist(), seq.tolist(), topk, n, int(mode)
+        )
+        for g, w in zip(got[:5], want, strict=True):
+            assert np.asarray(g).ravel().tolist() == np.asarray(w).ravel().tolist()
+
+
+@pytest.mark.parametrize("offset", [0, 1, 16, 48, 63])
+def test_qlen_mask_at_any_buffer_alignment(offset):
+    # At N = 64 the mask is stored in whole cache lines of the caller's buffer, wherever it
+    # starts: bytes around the mask must stay as SGLang leaves them (True).
+    bs, topk, steps, n = 3, 8, 3, 64
+    rng = np.random.default_rng(offset)
+    score_list, token_list, parents_list = sglang_draft(rng, bs, topk, steps, vocab=20)
+    parent_list, top_index, draft = sg.organize_draft_results(
+        score_list, token_list, parents_list, n
+    )
+    backing = np.ones(bs * n * n + 128, dtype=np.bool_)
+    start = (-backing.ctypes.data) % 64 + offset
+    mask_buf = backing[start : start + bs * n * n]
+    seq = rng.integers(0, 9, size=bs)
+    vid, mode = np.zeros(bs, np.int64), sg.TreeMaskMode.QLEN_ONLY
+    out = sg.build_tree_kernel_efficient(
+        vid, parent_list, top_index, draft, seq, int(seq.sum()), topk, steps, n, mode, mask_buf
+    )
+    want = ref.sglang_build_tree(
+        parent_list.tolist(), top_index.tolist(), seq.tolist(), topk, n, 1
+    )[0]
+    assert out[0] is mask_buf and mask_buf.tolist() == want
+    assert backing[:start].all() and backing[start + bs * n * n :].all()
+
+
 def verify_inputs(rng, bs, topk, steps, n):
     score_list, token_list, parents_list = sglang_draft(rng, bs, topk, steps, vocab=20)
     parent_list, top_index, draft = sg.organize_draft_results(

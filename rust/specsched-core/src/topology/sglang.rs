@@ -173,103 +173,186 @@ pub fn check_seq_lens(seq_lens: ArrayView1<'_, i64>) -> Result<Vec<usize>> {
         .collect()
 }
 
-/// One request's tree, rebuilt in place for each request of a batch (no per-request
-/// allocation).
-struct RequestTree {
-    parent: Vec<usize>,
-    depth: Vec<i64>,
+/// One request's rows of the outputs, `[N]` each, written by [`RequestTree::link`].
+struct RequestRows<'a> {
+    positions: &'a mut [i64],
+    next_token: &'a mut [i64],
+    next_sibling: &'a mut [i64],
     /// Ancestor sets as bit words, exact when `N <= 64`: bit `j` of `anc[i]` is set iff node
     /// `j` is node `i` or one of its ancestors (one OR per node; mask rows are read from it).
-    anc: Vec<u64>,
-    /// `placed[g] = (tag, node)`: pool candidate `g` is node `node` of the request whose tag
-    /// is `tag` (request index + 1), an O(1) parent lookup with no per-request reset.
-    placed: Vec<(u32, u32)>,
-    topk: i64,
+    anc: &'a mut [u64],
+}
+
+/// Scratch for linking one request's tree, reused for each request of a batch (no
+/// per-request allocation or reset).
+struct RequestTree {
+    /// Parent node of each node.
+    parent: Vec<usize>,
+    /// `placed[g] = stamp(tag, node)`: pool candidate `g` is node `node` of the request whose
+    /// tag is `tag` (request index + 1), an O(1) parent lookup with no per-request reset.
+    /// Entry `pool` stands for the root (the parent of slot 0), entry `pool + 1` for a parent
+    /// that is not a candidate (never stamped: tags start at 1).
+    placed: Vec<u64>,
+    /// Draft slot of each pool candidate (`g / topk`, without a division per node).
+    slot_of: Vec<u32>,
     /// Rows as plain slices, copied here when the caller's rows are strided: ndarray indexing
     /// per node costs more than the work per node.
     sel_buf: Vec<i64>,
     pl_buf: Vec<i64>,
 }
 
+/// A request tag and a node in one word: one store per placed node.
+fn stamp(tag: u32, node: usize) -> u64 {
+    (u64::from(tag) << 32) | node as u64
+}
+
+/// The node of `stamp` if it carries `tag`.
+fn stamped(stamp: u64, tag: u32) -> Option<usize> {
+    ((stamp >> 32) as u32 == tag).then_some(stamp as u32 as usize)
+}
+
 impl RequestTree {
-    fn new(n: usize, pool: usize, topk: i64, width: usize) -> Self {
+    fn new(n: usize, pool: usize, topk: usize, width: usize) -> Self {
         Self {
             parent: vec![0; n],
-            depth: vec![0; n],
-            anc: vec![1; n],
-            placed: vec![(0, 0); pool],
-            topk,
+            placed: vec![0; pool + 2],
+            slot_of: (0..pool).map(|g| (g / topk) as u32).collect(),
             sel_buf: vec![0; n - 1],
             pl_buf: vec![0; width],
         }
     }
 
-    /// Links request `b`'s nodes to their parents (depths and ancestor words with them), or
-    /// names the first node that is not part of a tree.
-    fn link(&mut self, b: usize, sel: ArrayView1<'_, i64>, pl: ArrayView1<'_, i64>) -> Result<()> {
+    /// Links request `b`'s nodes to their parents, writing its positions (the root at
+    /// `root_pos`, each child one past its parent), first-child / next-sibling lists and
+    /// ancestor words (exact when `N <= 64`, unused otherwise), or names the first node that
+    /// is not part of a tree.
+    ///
+    /// The selection is sorted and the candidates of one draft slot share a parent, so when
+    /// no two slots share one (SGLang's drafting never repeats a parent) a parent's children
+    /// are one run of consecutive nodes: each node's links are then stores chosen without a
+    /// branch (runs average ~3 nodes, and a branch per run end mispredicts), not SGLang's
+    /// read-modify-write of the parent's list head. A repeated parent is found on the way and
+    /// its lists are rebuilt the general way.
+    // Not inlined into the batch loop, where the per-node pointers would spill to the stack.
+    #[inline(never)]
+    fn link(
+        &mut self,
+        b: usize,
+        sel: ArrayView1<'_, i64>,
+        pl: ArrayView1<'_, i64>,
+        root_pos: i64,
+        rows: RequestRows<'_>,
+    ) -> Result<()> {
         let sel = row_slice(sel, &mut self.sel_buf);
         let pl = row_slice(pl, &mut self.pl_buf);
         let Self {
             parent,
-            depth,
-            anc,
             placed,
-            topk,
+            slot_of,
             ..
         } = self;
-        let (topk, tag) = (*topk, b as u32 + 1);
-        let mut prev = -1i64;
-        // Candidates of one draft slot (`g / topk`) share a parent, and the selection is
-        // sorted: the parent is looked up once per slot, not once per node.
-        let (mut slot_end, mut p, mut p_depth, mut p_anc) = (topk, 0usize, 0i64, 1u64);
-        // Equal lengths, so the compiler drops the per-node bounds checks.
+        // Slices, not the vectors: a vector's pointer and length are reloaded after every
+        // store through another pointer, which the compiler cannot prove is not into them.
+        let (placed, slot_of) = (&mut placed[..], &slot_of[..]);
+        let tag = b as u32 + 1;
+        let pool = slot_of.len();
+        let (root, not_placed) = (pool, pool + 1);
+        placed[root] = stamp(tag, 0);
         let n = sel.len() + 1;
-        let (parent, depth, anc) = (&mut parent[..n], &mut depth[..n], &mut anc[..n]);
+        let RequestRows {
+            positions,
+            next_token,
+            next_sibling,
+            anc,
+        } = rows;
+        // Equal lengths, so the compiler drops the per-node bounds checks.
+        let (positions, next_token, next_sibling, anc, parent) = (
+            &mut positions[..n],
+            &mut next_token[..n],
+            &mut next_sibling[..n],
+            &mut anc[..n],
+            &mut parent[..n],
+        );
+        next_token.fill(-1);
+        next_sibling.fill(-1);
+        positions[0] = root_pos;
+        anc[0] = 1;
+        let (mut prev, mut prev_slot, mut repeated) = (-1i64, u32::MAX, false);
         for i in 1..n {
             let g = sel[i - 1];
-            // `prev >= -1`, so a candidate above it is not negative either.
-            let gu = g as usize;
-            if g <= prev || gu >= placed.len() {
-                return Err(bad_candidate(b, i, g, prev, placed.len()));
+            if g <= prev || g >= pool as i64 {
+                return Err(bad_candidate(b, i, g, prev, pool));
             }
             prev = g;
-            if g >= slot_end {
-                let slot = g / topk;
-                slot_end = (slot + 1) * topk;
-                let Some(&pg) = pl.get(slot as usize) else {
-                    return Err(Error::index(
-                        "parent_list",
-                        format!(
-                            "request {b}, node {i}: candidate {g} needs parent_list[{b}, {slot}] \
-                             but parent_list has {} columns",
-                            pl.len()
-                        ),
-                    ));
-                };
-                // Candidates are stamped as they are placed, so a parent that is selected
-                // before node i is found in O(1); anything else is not a tree.
-                p = match usize::try_from(pg).ok().and_then(|q| placed.get(q)) {
-                    Some(&(t, node)) if t == tag => node as usize,
-                    _ => {
-                        return Err(Error::value(
-                            "top_scores_index",
-                            format!(
-                                "invalid eagle tree: request {b}, node {i} (candidate {g}) has \
-                                 parent candidate {pg}, which is not selected before it"
-                            ),
-                        ))
-                    }
-                };
-                p_depth = depth[p];
-                p_anc = anc[p];
-            }
+            let slot = slot_of[g as usize];
+            // Slot 0 hangs under the root whatever `parent_list` holds (it has no columns after
+            // one draft step).
+            let at = if slot == 0 {
+                root
+            } else {
+                match pl.get(slot as usize) {
+                    Some(&pg) if (pg as u64) < pool as u64 => pg as usize,
+                    Some(_) => not_placed,
+                    None => return Err(missing_parent_column(b, i, g, slot, pl.len())),
+                }
+            };
+            // Candidates are stamped as they are placed, so a parent that is selected before
+            // node i is found in O(1); anything else is not a tree.
+            let Some(p) = stamped(placed[at], tag) else {
+                return Err(not_a_tree(b, i, g, pl[slot as usize]));
+            };
+            positions[i] = positions[p] + 1;
+            // Bits past 63 wrap, but the words are only read when `N <= 64`.
+            anc[i] = anc[p] | 1u64 << (i & 63);
+            placed[g as usize] = stamp(tag, i);
             parent[i] = p;
-            depth[i] = p_depth + 1;
-            anc[i] = p_anc | 1u64.checked_shl(i as u32).unwrap_or(0);
-            placed[gu] = (tag, i as u32);
+            // A new slot starts a run under `p`: node i is `p`'s first child, and node i - 1
+            // (the previous run's last) has no next sibling. Otherwise i - 1's sibling is i,
+            // and node i's own (still empty) list head takes the dead store.
+            let new_run = slot != prev_slot;
+            prev_slot = slot;
+            next_sibling[i - 1] = if new_run { -1 } else { i as i64 };
+            let (head, first) = if new_run { (p, i as i64) } else { (i, -1) };
+            repeated |= next_token[head] >= 0;
+            next_token[head] = first;
+        }
+        if repeated {
+            // Some parent had children in two slots: list every parent's children in node
+            // order, as SGLang's kernel does.
+            next_token.fill(-1);
+            for i in (1..n).rev() {
+                let p = parent[i];
+                next_sibling[i] = next_token[p];
+                next_token[p] = i as i64;
+            }
         }
         Ok(())
     }
+}
+
+/// The error for node `i`, whose candidate `g` has its slot's parent past `parent_list`.
+#[cold]
+fn missing_parent_column(b: usize, i: usize, g: i64, slot: u32, columns: usize) -> Error {
+    Error::index(
+        "parent_list",
+        format!(
+            "request {b}, node {i}: candidate {g} needs parent_list[{b}, {slot}] but \
+             parent_list has {columns} columns"
+        ),
+    )
+}
+
+/// The error for node `i`, whose candidate `g` hangs under candidate `pg`, not selected
+/// before it.
+#[cold]
+fn not_a_tree(b: usize, i: usize, g: i64, pg: i64) -> Error {
+    Error::value(
+        "top_scores_index",
+        format!(
+            "invalid eagle tree: request {b}, node {i} (candidate {g}) has parent candidate \
+             {pg}, which is not selected before it"
+        ),
+    )
 }
 
 /// The error for node `i`'s candidate `g`, which is outside the pool or breaks the order.
@@ -369,45 +452,66 @@ pub fn build_tree(
         retrive_next_token,
         retrive_next_sibling,
     } = out;
-    let mut tree = RequestTree::new(n, pool as usize, topk as i64, width);
+    // Rows come straight from the ancestor words when they are exact and the CPU can spread
+    // bits to bytes; otherwise each row copies its parent's, which needs the parents.
+    let from_words = words_give_rows(n);
+    let mut tree = RequestTree::new(n, pool as usize, topk, width);
+    // The whole batch's words when they are exact (`N <= 64`): the QLEN mask and the packed
+    // masks are written from them in one pass after linking. Otherwise one request's.
+    let mut words = vec![0u64; if n <= 64 { bs * n } else { n }];
     let mut full_base = 0usize;
     for (b, &seq_len) in seq_lens.iter().enumerate() {
-        tree.link(b, selected_index.row(b), parent_list.row(b))?;
-        let RequestTree {
-            parent, depth, anc, ..
-        } = &tree;
-        let row0 = b * n;
-        let s = seq_len as i64;
-        for (i, (pos, ri)) in positions[row0..row0 + n]
-            .iter_mut()
-            .zip(&mut retrive_index[row0..row0 + n])
-            .enumerate()
-        {
-            *pos = s + depth[i];
-            *ri = (row0 + i) as i64;
-        }
-        let next_token = &mut retrive_next_token[row0..row0 + n];
-        let next_sibling = &mut retrive_next_sibling[row0..row0 + n];
-        next_token.fill(-1);
-        next_sibling[0] = -1;
-        for i in (1..n).rev() {
-            let p = parent[i];
-            next_sibling[i] = next_token[p];
-            next_token[p] = i as i64;
-        }
+        let rows = b * n..(b + 1) * n;
+        let anc = if n <= 64 {
+            &mut words[rows.clone()]
+        } else {
+            &mut words[..]
+        };
+        tree.link(
+            b,
+            selected_index.row(b),
+            parent_list.row(b),
+            seq_len as i64,
+            RequestRows {
+                positions: &mut positions[rows.clone()],
+                next_token: &mut retrive_next_token[rows.clone()],
+                next_sibling: &mut retrive_next_sibling[rows.clone()],
+                anc,
+            },
+        )?;
+        let (parent, anc) = (&tree.parent[..], &*anc);
         match &mut tree_mask {
             MaskOut::Full(m) => {
                 let cols = seq_len + n;
                 let seg = &mut m[full_base..full_base + n * cols];
-                fill_rows(seg, cols, seq_len, parent, anc);
+                fill_rows(seg, cols, seq_len, from_words, parent, anc);
                 full_base += n * cols;
             }
-            MaskOut::Qlen(m) => fill_rows(&mut m[row0 * n..(row0 + n) * n], n, 0, parent, anc),
-            // N fits the word (checked above), so each row is its ancestor word, narrowed.
-            MaskOut::Packed8(m) => narrow_words(&mut m[row0..row0 + n], anc, |a| a as u8),
-            MaskOut::Packed16(m) => narrow_words(&mut m[row0..row0 + n], anc, |a| a as u16),
-            MaskOut::Packed32(m) => narrow_words(&mut m[row0..row0 + n], anc, |a| a as u32),
+            MaskOut::Qlen(m) if !from_words => fill_rows(
+                &mut m[rows.start * n..rows.end * n],
+                n,
+                0,
+                false,
+                parent,
+                anc,
+            ),
+            MaskOut::Qlen(_)
+            | MaskOut::Packed8(_)
+            | MaskOut::Packed16(_)
+            | MaskOut::Packed32(_) => {}
         }
+    }
+    for (k, r) in retrive_index.iter_mut().enumerate() {
+        *r = k as i64;
+    }
+    match tree_mask {
+        // The QLEN mask is the batch's rows back to back: one stream of words, spread to bytes.
+        MaskOut::Qlen(m) if from_words => spread_rows(m, n, &words),
+        // N fits the word (checked above), so each row is its ancestor word, narrowed.
+        MaskOut::Packed8(m) => narrow_words(m, &words, |a| a as u8),
+        MaskOut::Packed16(m) => narrow_words(m, &words, |a| a as u16),
+        MaskOut::Packed32(m) => narrow_words(m, &words, |a| a as u32),
+        MaskOut::Full(_) | MaskOut::Qlen(_) => {}
     }
     Ok(())
 }
@@ -424,19 +528,51 @@ fn row_slice<'a>(row: ArrayView1<'a, i64>, buf: &'a mut [i64]) -> &'a [i64] {
     }
 }
 
-/// Dense rows of `cols` bools: `prefix` leading Trues, then the tree part. A row's tree part is
-/// its parent's (complete: parents come first) plus its own bit; with AVX-512 and `N <= 64`,
-/// each row is written straight from its ancestor word instead.
-fn fill_rows(seg: &mut [bool], cols: usize, prefix: usize, parent: &[usize], anc: &[u64]) {
+/// Whether mask rows of `n` nodes can be written from ancestor words: they are exact (`n <=
+/// 64`) and the CPU spreads a word's bits to bytes in one instruction (AVX-512BW).
+fn words_give_rows(n: usize) -> bool {
     #[cfg(target_arch = "x86_64")]
-    if anc.len() <= 64 && spread::available() {
-        // SAFETY: the CPU has AVX-512BW (checked by `available`).
+    return n <= 64 && spread::available();
+    #[cfg(not(target_arch = "x86_64"))]
+    return {
+        let _ = n;
+        false
+    };
+}
+
+/// Dense rows of `cols` bools: `prefix` leading Trues, then the tree part. A row's tree part is
+/// its parent's (complete: parents come first) plus its own bit; when `from_words` (see
+/// [`words_give_rows`]), each row is written straight from its ancestor word instead.
+fn fill_rows(
+    seg: &mut [bool],
+    cols: usize,
+    prefix: usize,
+    from_words: bool,
+    parent: &[usize],
+    anc: &[u64],
+) {
+    #[cfg(target_arch = "x86_64")]
+    if from_words {
+        assert!(anc.len() <= 64 && spread::available());
+        // SAFETY: the CPU has AVX-512BW (asserted above).
         unsafe { spread::rows(seg, cols, prefix, anc) };
         return;
     }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = anc;
+    let _ = (from_words, anc);
     copy_rows(seg, cols, prefix, parent);
+}
+
+/// The QLEN mask of the whole batch (`words.len()` rows of `n` bytes, back to back) from the
+/// rows' ancestor words; only when [`words_give_rows`]`(n)`.
+fn spread_rows(mask: &mut [bool], n: usize, words: &[u64]) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        assert!(n <= 64 && spread::available() && mask.len() == words.len() * n);
+        // SAFETY: the CPU has AVX-512BW, and the lengths match (asserted above).
+        unsafe { spread::stream(mask, n, words) };
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    unreachable!("spread_rows({}, {n}, {})", mask.len(), words.len());
 }
 
 /// [`fill_rows`] by copying each parent's row (any `N`, any CPU).
@@ -489,6 +625,56 @@ mod spread {
                     _mm512_maskz_mov_epi8(bits, ones),
                 );
             }
+        }
+    }
+
+    /// The rows of `words` (`n <= 64` bits each) back to back in `out`, one byte per bit.
+    ///
+    /// At `n = 64` a row is a whole cache line's worth of bytes but rarely starts on a line
+    /// (numpy aligns buffers to 16 bytes), so each store there takes the tail of one word and
+    /// the head of the next and lands on a line boundary: no store splits a line, where one
+    /// store per row splits every one of them. Other widths are written row by row.
+    ///
+    /// # Safety
+    /// The CPU must support AVX-512BW.
+    #[target_feature(enable = "avx512bw")]
+    pub(super) unsafe fn stream(out: &mut [bool], n: usize, words: &[u64]) {
+        assert!((1..=64).contains(&n) && out.len() == words.len() * n);
+        let (base, len) = (out.as_mut_ptr(), out.len());
+        let shift = base.align_offset(64);
+        if n < 64 || shift == 0 || shift >= 64 || words.is_empty() {
+            for (seg, anc) in out.chunks_mut(n * n).zip(words.chunks(n)) {
+                // SAFETY: AVX-512BW (this function's contract); `seg` holds `anc.len()` rows
+                // of `n` bytes.
+                unsafe { rows(seg, n, 0, anc) };
+            }
+            return;
+        }
+        let ones = _mm512_set1_epi8(1);
+        let head = u64::MAX >> (64 - shift);
+        // SAFETY (all three stores): each writes only the bytes its mask selects, inside
+        // `out` (`shift < 64 = n <= len`; line `k` covers `out[shift + 64k..shift + 64k + 64]`
+        // and ends before the last row's tail, which covers the last `64 - shift` bytes); each
+        // byte is 0 or 1, a valid `bool`.
+        unsafe {
+            _mm512_mask_storeu_epi8(base.cast(), head, _mm512_maskz_mov_epi8(words[0], ones));
+        }
+        for (k, pair) in words.windows(2).enumerate() {
+            let line = (pair[0] >> shift) | (pair[1] << (64 - shift));
+            unsafe {
+                _mm512_store_si512(
+                    base.add(shift + 64 * k).cast(),
+                    _mm512_maskz_mov_epi8(line, ones),
+                );
+            }
+        }
+        let last = words[words.len() - 1];
+        unsafe {
+            _mm512_mask_storeu_epi8(
+                base.add(len - (64 - shift)).cast(),
+                u64::MAX >> shift,
+                _mm512_maskz_mov_epi8(last >> shift, ones),
+            );
         }
     }
 }
@@ -731,6 +917,39 @@ mod tests {
                 // SAFETY: AVX-512BW is available (checked above).
                 unsafe { spread::rows(&mut got, cols, prefix, &anc) };
                 assert_eq!(got, want, "n={n} prefix={prefix}");
+            }
+        }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn streamed_batch_mask_equals_rows_at_every_alignment() {
+        if !spread::available() {
+            eprintln!("skipped: no AVX-512BW on this CPU (the copy path is tested everywhere)");
+            return;
+        }
+        for n in [1, 7, 63, 64] {
+            for requests in [1, 3] {
+                let words: Vec<u64> = (0..requests)
+                    .flat_map(|r| random_tree(n, (n * 7 + r) as u64).1)
+                    .collect();
+                let len = words.len() * n;
+                let mut want = vec![true; len];
+                for (seg, anc) in want.chunks_mut(n * n).zip(words.chunks(n)) {
+                    // SAFETY: AVX-512BW is available (checked above).
+                    unsafe { spread::rows(seg, n, 0, anc) };
+                }
+                // Every start within a cache line, with stale bytes on both sides that must
+                // survive: the head and tail stores are masked to `out`.
+                let mut buf = vec![true; len + 128];
+                for start in 0..64 {
+                    buf.fill(true);
+                    let out = &mut buf[start..start + len];
+                    // SAFETY: AVX-512BW is available (checked above).
+                    unsafe { spread::stream(out, n, &words) };
+                    assert_eq!(out, &want[..], "n={n} requests={requests} start={start}");
+                    assert!(buf[..start].iter().chain(&buf[start + len..]).all(|&x| x));
+                }
             }
         }
     }
