@@ -373,6 +373,12 @@ def build(parent_list, sel, n=3, topk=2, steps=3, **kw):
     return sg.build_tree_kernel_efficient(**args)
 
 
+@pytest.mark.parametrize("mode", list(sg.TreeMaskMode))
+def test_empty_batch_builds_empty_outputs(mode):
+    out = build(np.zeros((0, 3), np.int64), np.zeros((0, 3), np.int64), n=4, tree_mask_mode=mode)
+    assert [o.shape for o in out] == [(0,), (0,), (0, 4), (0, 4), (0, 4), (0,)]
+
+
 def test_bad_input_is_a_clear_error():
     pl = [[-1, 0, 1], [-1, 0, 1]]
     # SGLang's "invalid eagle tree": candidate 4's parent (candidate 1) was not selected.
@@ -398,6 +404,10 @@ def test_bad_input_is_a_clear_error():
         build(pl, [[0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10]], n=12, steps=3)
     with pytest.raises(TypeError, match="parent_list"):
         build(np.zeros((2, 3)), [[0, 1], [0, 1]])
+    # A pool too large for the lookup tables (or for a machine word) is refused, not allocated.
+    for topk, steps in [(2**40, 1), (2**33, 2**33)]:
+        with pytest.raises(ValueError, match=r"topk=\d+, spec_steps=\d+ give a pool larger"):
+            build(pl, [[0, 1], [0, 1]], topk=topk, steps=steps)
     nan_scores = [np.array([[[0.5, math.nan]]], np.float32)]
     with pytest.raises(ValueError, match=r"request 0, candidate 1: score is NaN"):
         sg.organize_draft_results(nan_scores, [np.array([[1, 2]])], [np.array([[-1, 0, 1]])], 2)

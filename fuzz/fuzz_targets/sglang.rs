@@ -85,7 +85,7 @@ fuzz_target!(|data: &[u8]| {
     let total = bs * n;
     let mode = b.u8() % 3;
     let (mut full, mut qlen, mut p32) = (
-        vec![false; full_mask_len(&seq, n)],
+        vec![false; full_mask_len(&seq, n).expect("small lengths")],
         vec![false; bs * n * n],
         vec![0u32; total],
     );

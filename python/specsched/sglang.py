@@ -197,8 +197,9 @@ def build_tree_kernel_efficient(
             if positions_whole.size == bs * n
             else positions_whole.reshape(-1)[: bs * n]
         )
-    retrive = np.empty((3, bs, n), dtype=np.int64)
-    r_index, r_next, r_sibling = retrive
+    # Three arrays, not views of one: empty views of one buffer (bs = 0) would share a data
+    # pointer, which the binding's borrow check refuses as aliased outputs.
+    r_index, r_next, r_sibling = (np.empty((bs, n), dtype=np.int64) for _ in range(3))
     _core.sglang_build_tree(
         _host(parent_list, "parent_list"),
         _host(top_scores_index, "top_scores_index"),

@@ -43,10 +43,18 @@ pub fn packed_word_bytes(n: usize) -> Result<usize> {
     }
 }
 
-/// Pool size of SGLang's drafting: `K` root children, then `K²` per later step.
+/// Pool size of SGLang's drafting: `K` root children, then `K²` per later step (saturating
+/// at `usize::MAX`).
 pub fn pool_size(topk: usize, steps: usize) -> usize {
-    topk + steps.saturating_sub(1) * topk * topk
+    steps
+        .saturating_sub(1)
+        .saturating_mul(topk.saturating_mul(topk))
+        .saturating_add(topk)
 }
+
+/// Largest pool [`build_tree`] accepts: its lookup tables take 12 bytes per candidate, and
+/// SGLang's drafting (top-k of at most a few tens, tens of steps) stays far below.
+pub const MAX_POOL: usize = 1 << 20;
 
 fn check_shape(topk: usize, steps: usize, n: usize) -> Result<()> {
     if topk < 1 {
@@ -65,6 +73,15 @@ fn check_shape(topk: usize, steps: usize, n: usize) -> Result<()> {
         ));
     }
     let pool = pool_size(topk, steps);
+    if pool > MAX_POOL {
+        return Err(Error::value(
+            "topk",
+            format!(
+                "topk={topk}, spec_steps={steps} give a pool larger than the {MAX_POOL} \
+                 candidates supported"
+            ),
+        ));
+    }
     if n - 1 > pool {
         return Err(Error::value(
             "num_verify_tokens",
@@ -155,9 +172,12 @@ pub struct BuildOut<'a> {
     pub retrive_next_sibling: &'a mut [i64],
 }
 
-/// Total length of the FULL mask: `sum(seq_lens) · N + bs · N²`.
-pub fn full_mask_len(seq_lens: &[usize], n: usize) -> usize {
-    seq_lens.iter().map(|&s| s * n).sum::<usize>() + seq_lens.len() * n * n
+/// Total length of the FULL mask, `sum(seq_lens) · N + bs · N²`, or `None` past `usize`.
+pub fn full_mask_len(seq_lens: &[usize], n: usize) -> Option<usize> {
+    let rows = seq_lens
+        .iter()
+        .try_fold(0usize, |acc, &s| acc.checked_add(s.checked_add(n)?))?;
+    rows.checked_mul(n)
 }
 
 /// Checked `seq_lens` (`>= 0`).
@@ -377,6 +397,7 @@ fn bad_candidate(b: usize, i: usize, g: i64, prev: i64, pool: usize) -> Error {
 /// `build_tree_kernel_efficient` (sgl-kernel `build_tree_efficient`): the tree of each request
 /// from `parent_list` (`[bs, W]`) and the sorted selection `selected_index` (`[bs, N - 1]`).
 /// Node 0 is the root (the verified token); node `i >= 1` is candidate `selected_index[b, i-1]`.
+/// On an error the outputs hold partial results (as a CUDA kernel's would after a bad node).
 pub fn build_tree(
     parent_list: ArrayView2<'_, i64>,
     selected_index: ArrayView2<'_, i64>,
@@ -419,7 +440,15 @@ pub fn build_tree(
         }
     }
     let mask_len = match &out.tree_mask {
-        MaskOut::Full(m) => (m.len(), full_mask_len(seq_lens, n)),
+        MaskOut::Full(m) => (
+            m.len(),
+            full_mask_len(seq_lens, n).ok_or_else(|| {
+                Error::value(
+                    "seq_lens",
+                    "the FULL mask of these lengths does not fit in memory",
+                )
+            })?,
+        ),
         MaskOut::Qlen(m) => (m.len(), bs * n * n),
         MaskOut::Packed8(m) => (m.len(), total),
         MaskOut::Packed16(m) => (m.len(), total),
@@ -443,7 +472,11 @@ pub fn build_tree(
             format!("{n} draft tokens do not fit a {word_bits}-bit packed mask row"),
         ));
     }
-    let pool = pool_size(topk, steps) as i64;
+    if bs == 0 {
+        // Nothing to write, so nothing to allocate.
+        return Ok(());
+    }
+    let pool = pool_size(topk, steps);
     let width = parent_list.ncols();
     let BuildOut {
         mut tree_mask,
@@ -455,9 +488,10 @@ pub fn build_tree(
     // Rows come straight from the ancestor words when they are exact and the CPU can spread
     // bits to bytes; otherwise each row copies its parent's, which needs the parents.
     let from_words = words_give_rows(n);
-    let mut tree = RequestTree::new(n, pool as usize, topk, width);
-    // The whole batch's words when they are exact (`N <= 64`): the QLEN mask and the packed
-    // masks are written from them in one pass after linking. Otherwise one request's.
+    let mut tree = RequestTree::new(n, pool, topk, width);
+    // The whole batch's words when they are exact (`N <= 64`): the packed masks, and the QLEN
+    // mask when `from_words`, are written from them in one pass after linking. Otherwise one
+    // request's (unused: rows are copied from parents).
     let mut words = vec![0u64; if n <= 64 { bs * n } else { n }];
     let mut full_base = 0usize;
     for (b, &seq_len) in seq_lens.iter().enumerate() {
@@ -628,7 +662,8 @@ mod spread {
         }
     }
 
-    /// The rows of `words` (`n <= 64` bits each) back to back in `out`, one byte per bit.
+    /// The rows of `words` (`n <= 64` bits each) back to back in `out`, one byte per bit;
+    /// `words` holds whole requests (`[bs, n]` rows, a multiple of `n`).
     ///
     /// At `n = 64` a row is a whole cache line's worth of bytes but rarely starts on a line
     /// (numpy aligns buffers to 16 bytes), so each store there takes the tail of one word and
@@ -639,7 +674,9 @@ mod spread {
     /// The CPU must support AVX-512BW.
     #[target_feature(enable = "avx512bw")]
     pub(super) unsafe fn stream(out: &mut [bool], n: usize, words: &[u64]) {
-        assert!((1..=64).contains(&n) && out.len() == words.len() * n);
+        assert!(
+            (1..=64).contains(&n) && words.len().is_multiple_of(n) && out.len() == words.len() * n
+        );
         let (base, len) = (out.as_mut_ptr(), out.len());
         let shift = base.align_offset(64);
         if n < 64 || shift == 0 || shift >= 64 || words.is_empty() {
@@ -652,10 +689,12 @@ mod spread {
         }
         let ones = _mm512_set1_epi8(1);
         let head = u64::MAX >> (64 - shift);
-        // SAFETY (all three stores): each writes only the bytes its mask selects, inside
-        // `out` (`shift < 64 = n <= len`; line `k` covers `out[shift + 64k..shift + 64k + 64]`
-        // and ends before the last row's tail, which covers the last `64 - shift` bytes); each
-        // byte is 0 or 1, a valid `bool`.
+        // SAFETY (all three stores): with `len = 64 · words.len()` and `0 < shift < 64`, the
+        // head store writes only `out[..shift]` (its mask), line store `k <= words.len() - 2`
+        // writes all of `out[shift + 64k..shift + 64k + 64]`, which ends by `len - 64 + shift`
+        // and starts on a 64-byte boundary (`shift` is `out`'s offset to one), as the aligned
+        // store requires, and the tail store writes only `out[len - 64 + shift..]` (its mask).
+        // Each byte is 0 or 1, a valid `bool`.
         unsafe {
             _mm512_mask_storeu_epi8(base.cast(), head, _mm512_maskz_mov_epi8(words[0], ones));
         }
