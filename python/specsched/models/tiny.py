@@ -401,7 +401,7 @@ class TinyTarget:
         if self.retired.any:
             # A retired row's root-only tree committed its root: take it back, so the next
             # one is written and scored at the same slot and position again.
-            lengths[self.retired.rows] -= 1
+            np.subtract(lengths, self.retired.held, out=lengths)
         self.lengths = lengths
 
     def retire(self, rows: np.ndarray) -> None:
