@@ -185,11 +185,20 @@ def test_dense_masks_match_reference_past_32_and_64_nodes(bs, topk, steps, data)
     pool = topk + (steps - 1) * topk * topk
     n = data.draw(st.integers(33, min(pool + 1, 130)))
     rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
+    parent_list, top_index, draft = organized_draft(rng, bs, topk, steps, n)
+    assert_dense_builds_match_reference(rng, parent_list, top_index, draft, topk, steps, 40)
+
+
+def organized_draft(rng, bs, topk, steps, n):
+    """`(parent_list, top_scores_index, draft_tokens)` of a random SGLang draft."""
     score_list, token_list, parents_list = sglang_draft(rng, bs, topk, steps, vocab=20)
-    parent_list, top_index, draft = sg.organize_draft_results(
-        score_list, token_list, parents_list, n
-    )
-    seq = rng.integers(0, 40, size=bs)
+    return sg.organize_draft_results(score_list, token_list, parents_list, n)
+
+
+def assert_dense_builds_match_reference(rng, parent_list, top_index, draft, topk, steps, max_seq):
+    """Both dense mask modes, and the lists and positions with them, equal the reference's."""
+    bs, n = top_index.shape[0], top_index.shape[1] + 1
+    seq = rng.integers(0, max_seq, size=bs)
     vid = rng.integers(0, 20, size=bs)
     for mode in (sg.TreeMaskMode.FULL_MASK, sg.TreeMaskMode.QLEN_ONLY):
         got = sg.build_tree_kernel_efficient(
@@ -211,10 +220,7 @@ def test_parents_shared_by_several_slots_match_reference(bs, topk, steps, data):
     pool = topk + (steps - 1) * topk * topk
     n = data.draw(st.integers(2, min(pool + 1, 64)))
     rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
-    score_list, token_list, parents_list = sglang_draft(rng, bs, topk, steps, vocab=20)
-    parent_list, top_index, draft = sg.organize_draft_results(
-        score_list, token_list, parents_list, n
-    )
+    parent_list, top_index, draft = organized_draft(rng, bs, topk, steps, n)
     parent_list = parent_list.copy()
     for b in range(bs):
         chosen = top_index[b].tolist()
@@ -223,17 +229,7 @@ def test_parents_shared_by_several_slots_match_reference(bs, topk, steps, data):
             earlier = [c for c in chosen if c < slot * topk]
             if earlier and data.draw(st.booleans()):
                 parent_list[b, slot] = earlier[data.draw(st.integers(0, len(earlier) - 1))]
-    seq = rng.integers(0, 9, size=bs)
-    vid = rng.integers(0, 20, size=bs)
-    for mode in (sg.TreeMaskMode.QLEN_ONLY, sg.TreeMaskMode.FULL_MASK):
-        got = sg.build_tree_kernel_efficient(
-            vid, parent_list, top_index, draft, seq, int(seq.sum()), topk, steps, n, mode
-        )
-        want = ref.sglang_build_tree(
-            parent_list.tolist(), top_index.tolist(), seq.tolist(), topk, n, int(mode)
-        )
-        for g, w in zip(got[:5], want, strict=True):
-            assert np.asarray(g).ravel().tolist() == np.asarray(w).ravel().tolist()
+    assert_dense_builds_match_reference(rng, parent_list, top_index, draft, topk, steps, 9)
 
 
 @pytest.mark.parametrize("offset", [0, 1, 16, 48, 63])
@@ -242,10 +238,7 @@ def test_qlen_mask_at_any_buffer_alignment(offset):
     # starts: bytes around the mask must stay as SGLang leaves them (True).
     bs, topk, steps, n = 3, 8, 3, 64
     rng = np.random.default_rng(offset)
-    score_list, token_list, parents_list = sglang_draft(rng, bs, topk, steps, vocab=20)
-    parent_list, top_index, draft = sg.organize_draft_results(
-        score_list, token_list, parents_list, n
-    )
+    parent_list, top_index, draft = organized_draft(rng, bs, topk, steps, n)
     backing = np.ones(bs * n * n + 128, dtype=np.bool_)
     start = (-backing.ctypes.data) % 64 + offset
     mask_buf = backing[start : start + bs * n * n]
@@ -262,10 +255,7 @@ def test_qlen_mask_at_any_buffer_alignment(offset):
 
 
 def verify_inputs(rng, bs, topk, steps, n):
-    score_list, token_list, parents_list = sglang_draft(rng, bs, topk, steps, vocab=20)
-    parent_list, top_index, draft = sg.organize_draft_results(
-        score_list, token_list, parents_list, n
-    )
+    parent_list, top_index, draft = organized_draft(rng, bs, topk, steps, n)
     seq = np.zeros(bs, np.int64)
     vid = rng.integers(0, 20, size=bs)
     _, _, r_index, r_next, r_sib, tokens = sg.build_tree_kernel_efficient(
