@@ -249,10 +249,9 @@ impl RequestTree {
     ///
     /// The selection is sorted and the candidates of one draft slot share a parent, so when
     /// no two slots share one (SGLang's drafting never repeats a parent) a parent's children
-    /// are one run of consecutive nodes: each node's links are then stores chosen without a
-    /// branch (runs average ~3 nodes, and a branch per run end mispredicts), not SGLang's
-    /// read-modify-write of the parent's list head. A repeated parent is found on the way and
-    /// its lists are rebuilt the general way.
+    /// are one run of consecutive nodes: each node's links are then plain stores, chosen
+    /// without a branch, not SGLang's read-modify-write of the parent's list head. A repeated
+    /// parent is found on the way and the lists are rebuilt the general way.
     // Not inlined into the batch loop, where the per-node pointers would spill to the stack.
     #[inline(never)]
     fn link(
