@@ -937,11 +937,20 @@ mod tests {
         (parent, anc)
     }
 
+    /// Whether this CPU runs the AVX-512 writers; says so when it does not.
+    #[cfg(target_arch = "x86_64")]
+    fn spread_testable() -> bool {
+        let available = spread::available();
+        if !available {
+            eprintln!("skipped: no AVX-512BW on this CPU (the copy path is tested everywhere)");
+        }
+        available
+    }
+
     #[cfg(target_arch = "x86_64")]
     #[test]
     fn rows_from_ancestor_words_equal_copied_rows() {
-        if !spread::available() {
-            eprintln!("skipped: no AVX-512BW on this CPU (the copy path is tested everywhere)");
+        if !spread_testable() {
             return;
         }
         for n in [1, 2, 7, 8, 31, 32, 33, 63, 64] {
@@ -962,8 +971,7 @@ mod tests {
     #[cfg(target_arch = "x86_64")]
     #[test]
     fn streamed_batch_mask_equals_rows_at_every_alignment() {
-        if !spread::available() {
-            eprintln!("skipped: no AVX-512BW on this CPU (the copy path is tested everywhere)");
+        if !spread_testable() {
             return;
         }
         for n in [1, 7, 63, 64] {
