@@ -172,7 +172,8 @@ def test_build_matches_reference_in_every_mask_mode(bs, topk, steps, data, ties)
         assert r_index.tolist() == w_index
         assert r_next.tolist() == w_next
         assert r_sib.tolist() == w_sib
-        assert tokens.reshape(bs, n)[:, 0].tolist() == vid.tolist()
+        rows = zip(vid.tolist(), draft.tolist(), strict=True)
+        assert tokens.reshape(bs, n).tolist() == [[v, *d] for v, d in rows]
         if mode == sg.TreeMaskMode.QLEN_ONLY_BITPACKING:
             assert mask.dtype == [np.uint8, np.uint16, np.uint32, np.uint32][(n - 1) // 8]
 
@@ -252,6 +253,34 @@ def test_qlen_mask_at_any_buffer_alignment(offset):
     )[0]
     assert out[0] is mask_buf and mask_buf.tolist() == want
     assert backing[:start].all() and backing[start + bs * n * n :].all()
+
+
+@pytest.mark.parametrize("layout", ["int64", "int32_roots", "int32_drafts", "strided", "empty"])
+def test_draft_tokens_put_each_root_before_its_drafts(layout):
+    # int64 tokens are assembled by the binding, others by numpy: either way the values and
+    # the dtype are those of SGLang's `torch.cat((verified_id[:, None], draft_tokens), 1)`.
+    bs, topk, steps, n = (0 if layout == "empty" else 5), 4, 3, 12
+    rng = np.random.default_rng(7)
+    parent_list, top_index, draft = organized_draft(rng, max(bs, 1), topk, steps, n)
+    parent_list, top_index, draft = parent_list[:bs], top_index[:bs], draft[:bs]
+    vid = rng.integers(0, 20, size=bs)
+    if layout == "int32_roots":
+        vid = vid.astype(np.int32)
+    elif layout == "int32_drafts":
+        draft = draft.astype(np.int32)
+    elif layout == "strided":
+        # Every other column of a wider array: rows that are not contiguous.
+        wide = np.zeros((bs, 2 * (n - 1)), np.int64)
+        wide[:, ::2] = draft
+        draft = wide[:, ::2]
+    before = draft.copy()
+    seq = np.zeros(bs, np.int64)
+    tokens = sg.build_tree_kernel_efficient(
+        vid, parent_list, top_index, draft, seq, 0, topk, steps, n, sg.TreeMaskMode.QLEN_ONLY
+    )[5]
+    want = np.concatenate((vid[:, None], draft), axis=1).reshape(-1)
+    assert tokens.dtype == want.dtype and tokens.tolist() == want.tolist()
+    assert np.array_equal(draft, before)
 
 
 def verify_inputs(rng, bs, topk, steps, n):

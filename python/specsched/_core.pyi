@@ -426,8 +426,10 @@ def sglang_build_tree(
     depth: int,
     num_verify_tokens: int,
     tree_mask_mode: int,
+    tokens: tuple[npt.ArrayLike, npt.ArrayLike, npt.NDArray[np.int64]] | None = None,
 ) -> None:
-    """sgl-kernel `build_tree_efficient`: fills the five output arrays in place."""
+    """sgl-kernel `build_tree_efficient`: fills the five output arrays in place, and with
+    `tokens = (verified_id, draft_tokens, out)` the verify-side tokens `[bs, N]` into `out`."""
 
 def sglang_verify_tree_greedy(
     predicts: npt.NDArray[np.int32],

@@ -197,9 +197,17 @@ def build_tree_kernel_efficient(
             if positions_whole.size == bs * n
             else positions_whole.reshape(-1)[: bs * n]
         )
-    # Three arrays, not views of one: empty views of one buffer (bs = 0) would share a data
-    # pointer, which the binding's borrow check refuses as aliased outputs.
-    r_index, r_next, r_sibling = (np.empty((bs, n), dtype=np.int64) for _ in range(3))
+    # int64 tokens (SGLang's) are assembled by the binding; others keep torch.cat's promotion.
+    tokens_in_rust = vid.dtype == np.int64 and drafts.dtype == np.int64
+    count = 4 if tokens_in_rust else 3
+    # One block for the `[bs, N]` outputs, but separate arrays for an empty batch: empty views
+    # of one block share a data pointer, which the binding's borrow check refuses as aliased.
+    outs = (
+        np.empty((count, bs, n), dtype=np.int64)
+        if bs
+        else [np.empty((0, n), dtype=np.int64) for _ in range(count)]
+    )
+    r_index, r_next, r_sibling = outs[0], outs[1], outs[2]
     _core.sglang_build_tree(
         _host(parent_list, "parent_list"),
         _host(top_scores_index, "top_scores_index"),
@@ -214,8 +222,9 @@ def build_tree_kernel_efficient(
         int(spec_steps),
         n,
         int(mode),
+        (vid, drafts, outs[3]) if tokens_in_rust else None,
     )
-    tokens = np.concatenate((vid[:, None], drafts), axis=1)
+    tokens = outs[3] if tokens_in_rust else np.concatenate((vid[:, None], drafts), axis=1)
     if torch_in:
         return (
             tree_mask_buf if mask_whole is not None else _back(mask, True),

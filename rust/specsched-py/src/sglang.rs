@@ -40,8 +40,14 @@ pub fn sglang_organize<'py>(
 }
 
 /// Fills `tree_mask`, `positions`, `retrive_index`, `retrive_next_token` and
-/// `retrive_next_sibling` in place (mode 0 FULL, 1 QLEN_ONLY, 2 QLEN_ONLY_BITPACKING).
+/// `retrive_next_sibling` in place (mode 0 FULL, 1 QLEN_ONLY, 2 QLEN_ONLY_BITPACKING), and, when
+/// `tokens = (verified_id, draft_tokens, out)` is given, the verify-side tokens into `out`.
 #[pyfunction]
+#[pyo3(signature = (
+    parent_list, selected_index, seq_lens, seq_lens_sum, tree_mask, positions, retrive_index,
+    retrive_next_token, retrive_next_sibling, topk, depth, num_verify_tokens, tree_mask_mode,
+    tokens=None,
+))]
 #[allow(clippy::too_many_arguments)]
 pub fn sglang_build_tree(
     py: Python<'_>,
@@ -58,7 +64,20 @@ pub fn sglang_build_tree(
     depth: usize,
     num_verify_tokens: usize,
     tree_mask_mode: u8,
+    tokens: Option<(Bound<'_, PyAny>, Bound<'_, PyAny>, Bound<'_, PyAny>)>,
 ) -> PyResult<()> {
+    if let Some((verified_id, draft_tokens, out)) = &tokens {
+        let roots = i64_array(verified_id, "verified_id", 1)?;
+        let drafts = i64_array(draft_tokens, "draft_tokens", 2)?;
+        let (roots, drafts) = (
+            fixed(roots.view(), "verified_id")?,
+            fixed(drafts.view(), "draft_tokens")?,
+        );
+        let mut out = out_array::<i64>(out, "draft_tokens_out", "int64")?;
+        let out = out.as_slice_mut()?;
+        py.detach(|| sglang::root_then_drafts(roots, drafts, out))
+            .py()?;
+    }
     let pl = i64_array(parent_list, "parent_list", 2)?;
     let sel = i64_array(selected_index, "top_scores_index", 2)?;
     let sl = i64_array(seq_lens, "seq_lens", 1)?;

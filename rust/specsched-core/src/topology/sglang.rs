@@ -172,6 +172,48 @@ pub struct BuildOut<'a> {
     pub retrive_next_sibling: &'a mut [i64],
 }
 
+/// SGLang's verify-side `draft_tokens`: each request's verified token, then its `N - 1`
+/// selected tokens, `[bs, N]` row-major into `out` (`torch.cat((verified_id[:, None],
+/// draft_tokens), 1)`).
+pub fn root_then_drafts(
+    verified_id: ArrayView1<'_, i64>,
+    draft_tokens: ArrayView2<'_, i64>,
+    out: &mut [i64],
+) -> Result<()> {
+    let (bs, k) = draft_tokens.dim();
+    if verified_id.len() != bs {
+        return Err(Error::value(
+            "verified_id",
+            format!(
+                "expected {bs} entries (one per row of draft_tokens), got {}",
+                verified_id.len()
+            ),
+        ));
+    }
+    if out.len() != bs * (k + 1) {
+        return Err(Error::value(
+            "draft_tokens",
+            format!(
+                "the output must hold {} entries, got {}",
+                bs * (k + 1),
+                out.len()
+            ),
+        ));
+    }
+    for ((row, &root), drafts) in out
+        .chunks_exact_mut(k + 1)
+        .zip(&verified_id)
+        .zip(draft_tokens.rows())
+    {
+        row[0] = root;
+        match drafts.to_slice() {
+            Some(d) => row[1..].copy_from_slice(d),
+            None => row[1..].iter_mut().zip(drafts).for_each(|(o, &d)| *o = d),
+        }
+    }
+    Ok(())
+}
+
 /// Total length of the FULL mask, `sum(seq_lens) · N + bs · N²`, or `None` past `usize`.
 pub fn full_mask_len(seq_lens: &[usize], n: usize) -> Option<usize> {
     let rows = seq_lens
@@ -1015,6 +1057,21 @@ mod tests {
         };
         let e = build_tree(pl.view(), sel.view(), &[0], 8, 1, 9, out).unwrap_err();
         assert!(e.to_string().contains("8-bit"), "{e}");
+    }
+
+    #[test]
+    fn root_tokens_come_before_each_requests_drafts() {
+        let roots = ndarray::arr1(&[7i64, 8]);
+        let wide = Array2::from_shape_vec((2, 6), (0..12).collect()).unwrap();
+        // Every other column: rows that are not contiguous.
+        let drafts = wide.slice(ndarray::s![.., ..;2]);
+        let mut out = vec![0i64; 8];
+        root_then_drafts(roots.view(), drafts, &mut out).unwrap();
+        assert_eq!(out, [7, 0, 2, 4, 8, 6, 8, 10]);
+        let err = root_then_drafts(roots.slice(ndarray::s![..1]), drafts, &mut out);
+        assert!(err.unwrap_err().to_string().contains("verified_id"));
+        let err = root_then_drafts(roots.view(), drafts, &mut out[..7]);
+        assert!(err.unwrap_err().to_string().contains("8 entries"));
     }
 
     #[test]
