@@ -448,6 +448,21 @@ pub fn build_tree(
     n: usize,
     out: BuildOut<'_>,
 ) -> Result<()> {
+    let shape = (topk, steps, n);
+    build_tree_rows(parent_list, selected_index, seq_lens, shape, out, true)
+}
+
+/// [`build_tree`], with dense mask rows written from ancestor words only if `rows_from_words`
+/// (and the CPU and `N` allow it): tests turn it off to run, on any CPU, the row copies that
+/// CPUs without AVX-512BW run.
+fn build_tree_rows(
+    parent_list: ArrayView2<'_, i64>,
+    selected_index: ArrayView2<'_, i64>,
+    seq_lens: &[usize],
+    (topk, steps, n): (usize, usize, usize),
+    out: BuildOut<'_>,
+    rows_from_words: bool,
+) -> Result<()> {
     check_shape(topk, steps, n)?;
     let bs = seq_lens.len();
     if selected_index.dim() != (bs, n - 1) {
@@ -528,7 +543,7 @@ pub fn build_tree(
     } = out;
     // Rows come straight from the ancestor words when they are exact and the CPU can spread
     // bits to bytes; otherwise each row copies its parent's, which needs the parents.
-    let from_words = words_give_rows(n);
+    let from_words = rows_from_words && words_give_rows(n);
     let mut tree = RequestTree::new(n, pool, topk, width);
     // The whole batch's words when they are exact (`N <= 64`): the packed masks, and the QLEN
     // mask when `from_words`, are written from them in one pass after linking. Otherwise one
@@ -1057,6 +1072,106 @@ mod tests {
         };
         let e = build_tree(pl.view(), sel.view(), &[0], 8, 1, 9, out).unwrap_err();
         assert!(e.to_string().contains("8-bit"), "{e}");
+    }
+
+    /// A random SGLang draft: `(parent_list, selected_index)` for `bs` requests of `n` nodes
+    /// (`topk`, `steps`), each slot's parent a candidate of the step before, the selection
+    /// ancestor-closed and sorted.
+    fn random_draft(
+        seed: u64,
+        bs: usize,
+        (topk, steps, n): (usize, usize, usize),
+    ) -> (Array2<i64>, Array2<i64>) {
+        let pool = pool_size(topk, steps);
+        let slots = 1 + (steps - 1) * topk;
+        let draw = |b: usize, g: usize, k: u64| crate::rng::hash(seed, b as u64, g as u64, k);
+        let mut pl = Array2::from_elem((bs, slots), -1i64);
+        let mut sel = Array2::zeros((bs, n - 1));
+        for b in 0..bs {
+            // Slot s >= 1 expands a candidate of the step before its own.
+            for s in 1..slots {
+                let step = (s - 1) / topk + 1;
+                let (lo, hi) = (pool_size(topk, step - 1), pool_size(topk, step));
+                let lo = if step == 1 { 0 } else { lo };
+                pl[(b, s)] = (lo + draw(b, s, 0) as usize % (hi - lo)) as i64;
+            }
+            let mut chosen = vec![false; pool];
+            let mut picked = Vec::new();
+            // Rounds over the pool until n - 1 are picked, each candidate with some chance
+            // once its parent is in (every candidate is reachable from the root).
+            for round in 1u64.. {
+                for g in 0..pool {
+                    let slot = g / topk;
+                    let parent_in = slot == 0 || chosen[pl[(b, slot)] as usize];
+                    let lucky = draw(b, g, round) % 3 == 0;
+                    if picked.len() < n - 1 && !chosen[g] && parent_in && lucky {
+                        chosen[g] = true;
+                        picked.push(g as i64);
+                    }
+                }
+                if picked.len() == n - 1 {
+                    break;
+                }
+            }
+            picked.sort_unstable();
+            for (j, &g) in picked.iter().enumerate() {
+                sel[(b, j)] = g;
+            }
+        }
+        (pl, sel)
+    }
+
+    #[test]
+    fn rows_copied_from_parents_equal_rows_from_words() {
+        // Without AVX-512BW every dense row is copied from its parent's; with it, rows of up
+        // to 64 nodes come from ancestor words. Both must write the same masks, in both dense
+        // modes: on a CPU with AVX-512BW this runs both (elsewhere both are the copies, which
+        // the Python tests hold to the reference).
+        let seq = [3usize, 0, 11];
+        for (seed, shape) in [
+            (1, (2, 4, 9)),
+            (2, (4, 3, 33)),
+            (3, (8, 4, 64)),
+            (4, (3, 6, 40)),
+        ] {
+            let (pl, sel) = random_draft(seed, seq.len(), shape);
+            let n = shape.2;
+            for full in [false, true] {
+                let len = if full {
+                    full_mask_len(&seq, n).unwrap()
+                } else {
+                    seq.len() * n * n
+                };
+                let masks: Vec<Vec<bool>> = [true, false]
+                    .into_iter()
+                    .map(|from_words| {
+                        let mut mask = vec![false; len];
+                        let mut lists = vec![0i64; 4 * seq.len() * n];
+                        let mut parts = lists.chunks_mut(seq.len() * n);
+                        let mut next = || parts.next().unwrap();
+                        let out = BuildOut {
+                            tree_mask: if full {
+                                MaskOut::Full(&mut mask)
+                            } else {
+                                MaskOut::Qlen(&mut mask)
+                            },
+                            positions: next(),
+                            retrive_index: next(),
+                            retrive_next_token: next(),
+                            retrive_next_sibling: next(),
+                        };
+                        build_tree_rows(pl.view(), sel.view(), &seq, shape, out, from_words)
+                            .unwrap();
+                        mask
+                    })
+                    .collect();
+                assert_eq!(
+                    masks[0], masks[1],
+                    "seed={seed} shape={shape:?} full={full}"
+                );
+                assert!(masks[0].iter().any(|&x| x));
+            }
+        }
     }
 
     #[test]
