@@ -66,18 +66,22 @@ pub fn sglang_build_tree(
     tree_mask_mode: u8,
     tokens: Option<(Bound<'_, PyAny>, Bound<'_, PyAny>, Bound<'_, PyAny>)>,
 ) -> PyResult<()> {
-    if let Some((verified_id, draft_tokens, out)) = &tokens {
-        let roots = i64_array(verified_id, "verified_id", 1)?;
-        let drafts = i64_array(draft_tokens, "draft_tokens", 2)?;
-        let (roots, drafts) = (
+    let mut token_arrays = match &tokens {
+        Some((verified_id, draft_tokens, out)) => Some((
+            i64_array(verified_id, "verified_id", 1)?,
+            i64_array(draft_tokens, "draft_tokens", 2)?,
+            out_array::<i64>(out, "draft_tokens_out", "int64")?,
+        )),
+        None => None,
+    };
+    let mut token_job = match &mut token_arrays {
+        Some((roots, drafts, out)) => Some((
             fixed(roots.view(), "verified_id")?,
             fixed(drafts.view(), "draft_tokens")?,
-        );
-        let mut out = out_array::<i64>(out, "draft_tokens_out", "int64")?;
-        let out = out.as_slice_mut()?;
-        py.detach(|| sglang::root_then_drafts(roots, drafts, out))
-            .py()?;
-    }
+            out.as_slice_mut()?,
+        )),
+        None => None,
+    };
     let pl = i64_array(parent_list, "parent_list", 2)?;
     let sel = i64_array(selected_index, "top_scores_index", 2)?;
     let sl = i64_array(seq_lens, "seq_lens", 1)?;
@@ -110,8 +114,14 @@ pub fn sglang_build_tree(
             retrive_next_token: nt,
             retrive_next_sibling: ns,
         };
-        py.detach(|| sglang::build_tree(plv, selv, &seq, topk, depth, num_verify_tokens, out))
-            .py()
+        // The tokens and the tree in one release of the GIL.
+        py.detach(|| {
+            if let Some((roots, drafts, tokens_out)) = token_job.take() {
+                sglang::root_then_drafts(roots, drafts, tokens_out)?;
+            }
+            sglang::build_tree(plv, selv, &seq, topk, depth, num_verify_tokens, out)
+        })
+        .py()
     };
     match tree_mask_mode {
         0 | 1 => {
