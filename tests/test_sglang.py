@@ -138,6 +138,18 @@ def parents_from_links(links, bs, n):
     return parents
 
 
+def pool_size(topk, steps):
+    """Candidates in an SGLang draft: `topk` at the first step, `topk²` at each later one."""
+    return topk + (steps - 1) * topk * topk
+
+
+def drawn_size_and_rng(data, topk, steps, min_nodes, max_nodes):
+    """`(N, rng)`: a tree size from `min_nodes` up to `max_nodes` or what the pool holds, and
+    a generator seeded by hypothesis."""
+    n = data.draw(st.integers(min_nodes, min(pool_size(topk, steps) + 1, max_nodes)))
+    return n, np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
+
+
 @settings(max_examples=60, deadline=None)
 @given(
     st.integers(1, 4),
@@ -147,9 +159,7 @@ def parents_from_links(links, bs, n):
     st.booleans(),
 )
 def test_build_matches_reference_in_every_mask_mode(bs, topk, steps, data, ties):
-    pool = topk + (steps - 1) * topk * topk
-    n = data.draw(st.integers(1, min(pool + 1, 32)))
-    rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
+    n, rng = drawn_size_and_rng(data, topk, steps, 1, 32)
     score_list, token_list, parents_list = sglang_draft(rng, bs, topk, steps, vocab=20, ties=ties)
     parent_list, top_index, draft = sg.organize_draft_results(
         score_list, token_list, parents_list, n
@@ -183,9 +193,7 @@ def test_build_matches_reference_in_every_mask_mode(bs, topk, steps, data, ties)
 def test_dense_masks_match_reference_past_32_and_64_nodes(bs, topk, steps, data):
     # Up to 64 nodes the rows are written from ancestor bit words (with AVX-512), past 64 by
     # copying parent rows: both against the reference, in both dense modes.
-    pool = topk + (steps - 1) * topk * topk
-    n = data.draw(st.integers(33, min(pool + 1, 130)))
-    rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
+    n, rng = drawn_size_and_rng(data, topk, steps, 33, 130)
     parent_list, top_index, draft = organized_draft(rng, bs, topk, steps, n)
     assert_dense_builds_match_reference(rng, parent_list, top_index, draft, topk, steps, 40)
 
@@ -218,9 +226,7 @@ def test_parents_shared_by_several_slots_match_reference(bs, topk, steps, data):
     # SGLang's drafting gives each draft slot its own parent, so a parent's children are one
     # run of nodes; a parent_list that repeats a parent (still a tree) splits them into
     # several runs, which must still be listed in node order, as the kernel lists them.
-    pool = topk + (steps - 1) * topk * topk
-    n = data.draw(st.integers(2, min(pool + 1, 64)))
-    rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
+    n, rng = drawn_size_and_rng(data, topk, steps, 2, 64)
     parent_list, top_index, draft = organized_draft(rng, bs, topk, steps, n)
     parent_list = parent_list.copy()
     for b in range(bs):
@@ -296,7 +302,7 @@ def verify_inputs(rng, bs, topk, steps, n):
 @settings(max_examples=60, deadline=None)
 @given(st.integers(1, 4), st.integers(1, 3), st.integers(1, 4), st.data())
 def test_verify_tree_greedy_matches_reference_and_ss_verify(bs, topk, steps, data):
-    n = data.draw(st.integers(1, topk + (steps - 1) * topk * topk + 1))
+    n = data.draw(st.integers(1, pool_size(topk, steps) + 1))
     rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
     r_index, r_next, r_sib, cand = verify_inputs(rng, bs, topk, steps, n)
     # Target predictions drawn from the candidates' own tokens so that paths get accepted.

@@ -1088,11 +1088,15 @@ mod tests {
         let mut pl = Array2::from_elem((bs, slots), -1i64);
         let mut sel = Array2::zeros((bs, n - 1));
         for b in 0..bs {
-            // Slot s >= 1 expands a candidate of the step before its own.
+            // Slot s >= 1 expands a candidate of draft step `step`: one of `lo..hi`.
             for s in 1..slots {
                 let step = (s - 1) / topk + 1;
-                let (lo, hi) = (pool_size(topk, step - 1), pool_size(topk, step));
-                let lo = if step == 1 { 0 } else { lo };
+                let lo = if step == 1 {
+                    0
+                } else {
+                    pool_size(topk, step - 1)
+                };
+                let hi = pool_size(topk, step);
                 pl[(b, s)] = (lo + draw(b, s, 0) as usize % (hi - lo)) as i64;
             }
             let mut chosen = vec![false; pool];
