@@ -11,6 +11,10 @@
 //! candidates) with the top-N rule of [`crate::topology`] into a batch of `budget`-node trees.
 //! Pool layout per request, as SGLang's: step 0 is `0..K`, step `s >= 1` is
 //! `K + (s-1)·K² + j·K + c` for frontier slot `j`, rank `c`. Cost per step O(B · K² log K).
+//!
+//! `start` / `expand` return fresh [`Step`]s; `start_into` / `expand_into` write the same
+//! values into the caller's buffers ([`StepOut`]), so a decode loop can keep one set of
+//! buffers (shared with its tensors) for the whole batch and allocate nothing per level.
 
 use ndarray::{ArrayView1, ArrayView2, ArrayView3};
 
@@ -33,6 +37,41 @@ pub struct Step {
     pub width: usize,
 }
 
+/// Where a step goes: row-major `[B, K]` tokens, parent slots and positions, and the
+/// `[B, K, mask_stride]` mask. A row's first `level · K` columns are the mask; the rest of it
+/// is written `false`. `M` is `bool`, or `u8` (0 / 1) for memory another owner may have left
+/// holding any byte.
+pub struct StepOut<'a, M> {
+    pub tokens: &'a mut [i64],
+    pub parent_index: &'a mut [i64],
+    pub positions: &'a mut [i64],
+    pub mask: &'a mut [M],
+    pub mask_stride: usize,
+}
+
+impl Step {
+    /// A zeroed step of `b · k` rows whose mask has `width` columns.
+    fn zeroed(b: usize, k: usize, width: usize) -> Self {
+        Step {
+            tokens: vec![0; b * k],
+            parent_index: vec![0; b * k],
+            mask: vec![false; b * k * width],
+            positions: vec![0; b * k],
+            width,
+        }
+    }
+
+    fn out(&mut self) -> StepOut<'_, bool> {
+        StepOut {
+            tokens: &mut self.tokens,
+            parent_index: &mut self.parent_index,
+            positions: &mut self.positions,
+            mask: &mut self.mask,
+            mask_stride: self.width,
+        }
+    }
+}
+
 /// Batched EAGLE-2 drafting state.
 #[derive(Debug, Clone)]
 pub struct DynamicTreeBuilder {
@@ -51,8 +90,11 @@ pub struct DynamicTreeBuilder {
     parents: Vec<i32>,
     /// `[B, K]` pool index of each frontier slot.
     frontier: Vec<u32>,
-    /// `[B, K, level·K]` draft mask rows of the frontier.
+    /// `[B, K, depth·K]` draft mask rows of the frontier (the first `level·K` columns hold
+    /// them), and the buffer the next level's rows are written to: two allocations per
+    /// builder, none per level.
     rows: Vec<bool>,
+    next_rows: Vec<bool>,
 }
 
 impl DynamicTreeBuilder {
@@ -101,7 +143,8 @@ impl DynamicTreeBuilder {
             tokens: vec![0; batch * pool],
             parents: vec![-1; batch * pool],
             frontier: vec![0; batch * topk],
-            rows: Vec::new(),
+            rows: vec![false; batch * topk * depth * topk],
+            next_rows: vec![false; batch * topk * depth * topk],
         })
     }
 
@@ -151,6 +194,26 @@ impl DynamicTreeBuilder {
         topk_logprobs: ArrayView2<'_, S>,
         prefix_lens: &[i64],
     ) -> Result<Step> {
+        let mut step = Step::zeroed(self.batch, self.topk, self.topk);
+        self.start_into(
+            root_tokens,
+            topk_tokens,
+            topk_logprobs,
+            prefix_lens,
+            step.out(),
+        )?;
+        Ok(step)
+    }
+
+    /// [`Self::start`], writing the step into `out`. On an error nothing is changed.
+    pub fn start_into<R: IndexLike, T: IndexLike, S: ScoreLike, M: From<bool>>(
+        &mut self,
+        root_tokens: ArrayView1<'_, R>,
+        topk_tokens: ArrayView2<'_, T>,
+        topk_logprobs: ArrayView2<'_, S>,
+        prefix_lens: &[i64],
+        out: StepOut<'_, M>,
+    ) -> Result<()> {
         let (b, k) = (self.batch, self.topk);
         if root_tokens.len() != b {
             return Err(Error::value(
@@ -189,6 +252,7 @@ impl DynamicTreeBuilder {
                 Self::check_logprob(lp, "topk_logprobs", || format!("[{r}, {c}]"))?;
             }
         }
+        self.check_out(&out, 1)?;
         for r in 0..b {
             self.root_tokens[r] = root_tokens[r].to_i64();
             self.prefix[r] = prefix_lens[r];
@@ -202,31 +266,71 @@ impl DynamicTreeBuilder {
         }
         self.level = 1;
         // Each depth-1 node sees only itself among the fed tokens.
-        self.rows = vec![false; b * k * k];
-        for r in 0..b {
-            for j in 0..k {
-                self.rows[(r * k + j) * k + j] = true;
-            }
+        let stride = self.row_stride();
+        for (i, row) in self.rows.chunks_exact_mut(stride).enumerate() {
+            row[..k].fill(false);
+            row[i % k] = true;
         }
-        Ok(self.step(vec![0; b * k]))
+        out.parent_index.fill(0);
+        self.write_step(out);
+        Ok(())
     }
 
-    fn step(&self, parent_index: Vec<i64>) -> Step {
-        let (b, k) = (self.batch, self.topk);
-        let mut tokens = Vec::with_capacity(b * k);
-        let mut positions = Vec::with_capacity(b * k);
-        for r in 0..b {
-            for j in 0..k {
-                tokens.push(self.tokens[r * self.pool + self.frontier[r * k + j] as usize]);
-                positions.push(self.prefix[r] + self.level as i64);
+    /// Columns of a stored mask row: room for every level.
+    fn row_stride(&self) -> usize {
+        self.depth * self.topk
+    }
+
+    /// The outputs' lengths for a step to `level` (an internal error: the bindings size them).
+    fn check_out<M>(&self, out: &StepOut<'_, M>, level: usize) -> Result<()> {
+        let rows = self.batch * self.topk;
+        let width = level * self.topk;
+        for (name, len) in [
+            ("tokens", out.tokens.len()),
+            ("parent_index", out.parent_index.len()),
+            ("positions", out.positions.len()),
+        ] {
+            if len != rows {
+                return Err(Error::value(
+                    name,
+                    format!("expected {rows} entries, got {len}"),
+                ));
             }
         }
-        Step {
-            tokens,
-            parent_index,
-            mask: self.rows.clone(),
-            positions,
-            width: self.level * k,
+        if out.mask_stride < width || out.mask.len() != rows * out.mask_stride {
+            return Err(Error::value(
+                "attention_mask",
+                format!(
+                    "expected {rows} rows of >= {width} columns, got {} entries in rows of {}",
+                    out.mask.len(),
+                    out.mask_stride
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The frontier's tokens, positions and mask rows into `out` (`parent_index` is the
+    /// caller's: it is known only while the frontier is chosen).
+    fn write_step<M: From<bool>>(&self, out: StepOut<'_, M>) {
+        let k = self.topk;
+        let width = self.level * k;
+        for r in 0..self.batch {
+            for j in 0..k {
+                out.tokens[r * k + j] =
+                    self.tokens[r * self.pool + self.frontier[r * k + j] as usize];
+                out.positions[r * k + j] = self.prefix[r] + self.level as i64;
+            }
+        }
+        let stored = self.rows.chunks_exact(self.row_stride());
+        for (dst, src) in out.mask.chunks_exact_mut(out.mask_stride).zip(stored) {
+            let (mask, rest) = dst.split_at_mut(width);
+            for (d, &s) in mask.iter_mut().zip(&src[..width]) {
+                *d = M::from(s);
+            }
+            for d in rest {
+                *d = M::from(false);
+            }
         }
     }
 
@@ -236,6 +340,18 @@ impl DynamicTreeBuilder {
         topk_tokens: ArrayView3<'_, T>,
         topk_logprobs: ArrayView3<'_, S>,
     ) -> Result<Step> {
+        let mut step = Step::zeroed(self.batch, self.topk, (self.level + 1) * self.topk);
+        self.expand_into(topk_tokens, topk_logprobs, step.out())?;
+        Ok(step)
+    }
+
+    /// [`Self::expand`], writing the step into `out`. On an error nothing is changed.
+    pub fn expand_into<T: IndexLike, S: ScoreLike, M: From<bool>>(
+        &mut self,
+        topk_tokens: ArrayView3<'_, T>,
+        topk_logprobs: ArrayView3<'_, S>,
+        out: StepOut<'_, M>,
+    ) -> Result<()> {
         let (b, k) = (self.batch, self.topk);
         if self.level == 0 {
             return Err(Error::value("expand", "call start() before expand()"));
@@ -263,11 +379,11 @@ impl DynamicTreeBuilder {
         for ((r, j, c), &lp) in topk_logprobs.indexed_iter() {
             Self::check_logprob(lp.to_f64(), "topk_logprobs", || format!("[{r}, {j}, {c}]"))?;
         }
+        self.check_out(&out, self.level + 1)?;
         let base_step = k + (self.level - 1) * k * k;
+        let stride = self.row_stride();
         let old_w = self.level * k;
         let new_w = old_w + k;
-        let mut rows = vec![false; b * k * new_w];
-        let mut parent_index = vec![0i64; b * k];
         let mut keys: Vec<RankKey> = Vec::with_capacity(k * k);
         for r in 0..b {
             let base = r * self.pool;
@@ -292,17 +408,19 @@ impl DynamicTreeBuilder {
             for (j, key) in keys[..k].iter().enumerate() {
                 let g = key.index() as usize;
                 let slot = (g - base_step) / k;
-                parent_index[r * k + j] = slot as i64;
+                out.parent_index[r * k + j] = slot as i64;
                 self.frontier[r * k + j] = g as u32;
-                let src = &self.rows[(r * k + slot) * old_w..(r * k + slot + 1) * old_w];
-                let dst = &mut rows[(r * k + j) * new_w..(r * k + j + 1) * new_w];
+                let src = &self.rows[(r * k + slot) * stride..][..old_w];
+                let dst = &mut self.next_rows[(r * k + j) * stride..][..new_w];
                 dst[..old_w].copy_from_slice(src);
+                dst[old_w..].fill(false);
                 dst[old_w + j] = true;
             }
         }
-        self.rows = rows;
+        std::mem::swap(&mut self.rows, &mut self.next_rows);
         self.level += 1;
-        Ok(self.step(parent_index))
+        self.write_step(out);
+        Ok(())
     }
 
     /// Reranks every drafted candidate: per request the best `budget - 1` by cumulative score
@@ -392,6 +510,104 @@ mod tests {
         let e = d.expand(tok.view(), lp.view());
         assert!(e.is_ok());
         assert!(d.expand(tok.view(), lp.view()).is_err());
+    }
+
+    /// `expand_into` a wide `u8` mask (stale bytes in it) writes what `expand` returns, then
+    /// zeros; the two builders stay in step.
+    #[test]
+    fn steps_into_buffers_equal_returned_steps() {
+        let (b, k, depth) = (3, 3, 4);
+        let mut fresh = DynamicTreeBuilder::new(b, k, depth, 10).unwrap();
+        let mut kept = fresh.clone();
+        let stride = depth * k;
+        let (mut tok, mut par, mut pos) = (vec![7i64; b * k], vec![7i64; b * k], vec![7i64; b * k]);
+        let mut mask = vec![9u8; b * k * stride];
+        let mut seed = 11u64;
+        let mut draw = |n: usize| -> Vec<f64> {
+            (0..n)
+                .map(|_| {
+                    seed = seed
+                        .wrapping_mul(6364136223846793005)
+                        .wrapping_add(1442695040888963407);
+                    -((seed >> 40) as f64) / f64::from(1u32 << 22)
+                })
+                .collect()
+        };
+        let same = |s: &Step, tok: &[i64], par: &[i64], pos: &[i64], mask: &[u8]| {
+            assert_eq!(
+                (&s.tokens[..], &s.parent_index[..], &s.positions[..]),
+                (tok, par, pos)
+            );
+            for (row, got) in s.mask.chunks(s.width).zip(mask.chunks(stride)) {
+                let want: Vec<u8> = row.iter().map(|&x| u8::from(x)).collect();
+                assert_eq!(&got[..s.width], &want[..]);
+                assert!(got[s.width..].iter().all(|&x| x == 0));
+            }
+        };
+        let roots = vec![1i64; b];
+        let t0 = Array2::from_shape_fn((b, k), |(r, c)| (r * 10 + c) as i64);
+        let l0 = Array2::from_shape_vec((b, k), draw(b * k)).unwrap();
+        let s = fresh
+            .start(ArrayView1::from(&roots), t0.view(), l0.view(), &[4, 0, 9])
+            .unwrap();
+        let out = StepOut {
+            tokens: &mut tok,
+            parent_index: &mut par,
+            positions: &mut pos,
+            mask: &mut mask,
+            mask_stride: stride,
+        };
+        kept.start_into(
+            ArrayView1::from(&roots),
+            t0.view(),
+            l0.view(),
+            &[4, 0, 9],
+            out,
+        )
+        .unwrap();
+        same(&s, &tok, &par, &pos, &mask);
+        for level in 1..depth {
+            let t = Array3::from_shape_fn((b, k, k), |(r, j, c)| {
+                (level * 100 + r * 10 + j * k + c) as i64
+            });
+            let l = Array3::from_shape_vec((b, k, k), draw(b * k * k)).unwrap();
+            let s = fresh.expand(t.view(), l.view()).unwrap();
+            let out = StepOut {
+                tokens: &mut tok,
+                parent_index: &mut par,
+                positions: &mut pos,
+                mask: &mut mask,
+                mask_stride: stride,
+            };
+            kept.expand_into(t.view(), l.view(), out).unwrap();
+            same(&s, &tok, &par, &pos, &mask);
+        }
+        assert_eq!(fresh.build().unwrap(), kept.build().unwrap());
+        // Start needs K mask columns; a step to level 2 needs 2K, and is refused before
+        // anything changes.
+        let mut narrow = vec![0u8; b * k * k];
+        let z = vec![0i64; b];
+        let out = StepOut {
+            tokens: &mut tok,
+            parent_index: &mut par,
+            positions: &mut pos,
+            mask: &mut narrow,
+            mask_stride: k,
+        };
+        kept.start_into(ArrayView1::from(&roots), t0.view(), l0.view(), &z, out)
+            .unwrap();
+        let t = Array3::<i64>::zeros((b, k, k));
+        let l = Array3::<f64>::zeros((b, k, k));
+        let out = StepOut {
+            tokens: &mut tok,
+            parent_index: &mut par,
+            positions: &mut pos,
+            mask: &mut narrow,
+            mask_stride: k,
+        };
+        let e = kept.expand_into(t.view(), l.view(), out).unwrap_err();
+        assert!(e.to_string().contains("attention_mask"), "{e}");
+        assert_eq!(kept.level(), 1);
     }
 
     #[test]
