@@ -16,6 +16,8 @@ in reasonable time, and the vectorized peer a serving engineer would write:
 - "dynamic B={1,64} K=8 depth=6 budget=64": `DynamicTreeBuilder` start + 5 expands + build,
   vs the reference class and a batched torch formulation in the style of EAGLE's
   `topK_genrate` bookkeeping (topk over K² children, gathered mask rows, final rerank).
+  `rust_in_place` is the decode loop's form: one builder per batch, each level's top-k copied
+  into its `buffers` (in the timer) and `start_in_place` / `expand_in_place` writing there.
 Every contender's result is checked against Rust's after timing.
 """
 
@@ -217,6 +219,17 @@ def rust_dynamic(batch, roots, tok0, lp0, steps):
     return tb.parents, tb.tokens, idx
 
 
+def rust_dynamic_in_place(b, roots, tok0, lp0, steps):
+    buf = b.buffers
+    buf.topk_tokens[:, 0], buf.topk_logprobs[:, 0] = tok0, lp0
+    b.start_in_place(roots)
+    for tok, lp in steps:
+        buf.topk_tokens[:], buf.topk_logprobs[:] = tok, lp
+        b.expand_in_place()
+    tb, idx = b.build()
+    return tb.parents, tb.tokens, idx
+
+
 def reference_dynamic(batch, roots, tok0, lp0, steps):
     b = ref.DynamicTreeBuilder(batch, K, LEVELS, NODES)
     b.start(roots, tok0, lp0)
@@ -254,7 +267,7 @@ def torch_dynamic(torch, batch, roots, tok0, lp0, steps):
     return parents, tokens, chosen
 
 
-@pytest.mark.parametrize("contender", ["rust", "torch_peer", "reference"])
+@pytest.mark.parametrize("contender", ["rust", "rust_in_place", "torch_peer", "reference"])
 @pytest.mark.parametrize("batch", [1, 64])
 def test_dynamic_builder(benchmark, batch, contender):
     benchmark.group = f"dynamic B={batch} K={K} depth={LEVELS} budget={NODES}"
@@ -262,6 +275,9 @@ def test_dynamic_builder(benchmark, batch, contender):
     want = rust_dynamic(batch, roots, tok0, lp0, steps)
     if contender == "rust":
         got = run(benchmark, lambda: rust_dynamic(batch, roots, tok0, lp0, steps))
+    elif contender == "rust_in_place":
+        b = ss.DynamicTreeBuilder(batch, K, LEVELS, NODES)
+        got = run(benchmark, lambda: rust_dynamic_in_place(b, roots, tok0, lp0, steps))
     elif contender == "torch_peer":
         torch = pytest.importorskip("torch")
         t_args = [torch.from_numpy(a) for a in (roots, tok0, lp0)]

@@ -821,6 +821,65 @@ def builder_cases() -> None:
         lambda: started().expand(np.zeros((1, 2, 2), np.int64), np.full((1, 2, 2), np.nan)),
     )
 
+    def staged(logprobs: np.ndarray) -> Any:
+        """A builder whose buffers hold `logprobs` (`[1, 2, 2]`) and zero tokens."""
+        b = fresh()
+        b.buffers.topk_logprobs[:] = logprobs
+        return b
+
+    fn = "DynamicTreeBuilder.start_in_place"
+    bad(fn, "buffers never read", ValueError, "buffers", lambda: fresh().start_in_place(root))
+    bad(
+        fn,
+        "wrong batch",
+        ValueError,
+        "root_tokens",
+        lambda: staged(np.full((1, 2, 2), -1.0)).start_in_place(np.array([1, 2])),
+    )
+    bad(
+        fn,
+        "negative prefix",
+        ValueError,
+        "prefix_lens",
+        lambda: staged(np.full((1, 2, 2), -1.0)).start_in_place(root, np.array([-3])),
+    )
+    bad(
+        fn,
+        "float roots",
+        TypeError,
+        "root_tokens",
+        lambda: staged(np.full((1, 2, 2), -1.0)).start_in_place(root * 1.0),
+    )
+    bad(
+        fn,
+        "NaN logprob in buffers",
+        ValueError,
+        "topk_logprobs",
+        lambda: staged(np.full((1, 2, 2), np.nan)).start_in_place(root),
+    )
+    fn = "DynamicTreeBuilder.expand_in_place"
+    bad(
+        fn,
+        "before start",
+        ValueError,
+        "start",
+        lambda: staged(np.full((1, 2, 2), -1.0)).expand_in_place(),
+    )
+
+    def started_in_place(logprobs: float) -> Any:
+        b = staged(np.full((1, 2, 2), -1.0))
+        b.start_in_place(root)
+        b.buffers.topk_logprobs[:] = logprobs
+        return b
+
+    bad(
+        fn,
+        "positive logprob in buffers",
+        ValueError,
+        "topk_logprobs",
+        lambda: started_in_place(0.5).expand_in_place(),
+    )
+
     fn = "AcceptanceStats.update"
     bad(
         fn,

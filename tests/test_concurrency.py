@@ -172,15 +172,28 @@ def _big_inputs() -> dict[str, Callable[[], Any]]:
     cache = np.zeros((8, n + 16, 512), dtype=np.float32)
     parents = np.r_[-1, rng.integers(-1, np.arange(1, 400_000))]
     edge = -rng.exponential(size=400_000)
+    # One draft level of 4096 requests x 16 x 16 candidates, from and into the buffers.
+    drafting = ss.DynamicTreeBuilder(4096, 16, 2, 16)
+    buf = drafting.buffers
+    buf.topk_tokens[:] = rng.integers(0, 1000, buf.topk_tokens.shape)
+    buf.topk_logprobs[:] = -rng.exponential(size=buf.topk_logprobs.shape)
+
+    def draft_level_in_place() -> None:
+        drafting.start_in_place(np.zeros(4096, np.int64))
+        drafting.expand_in_place()
+
     return {
         "verify_sampled": lambda: ss.verify(chain, logits, temperature=0.7, top_p=0.95, seed=1),
         "attention_mask": lambda: trees.attention_mask(400_000),
         "compact_kv": lambda: ss.compact_kv(cache, r_shift, 16, seq_dim=1, batch_dim=0),
         "top_n_tree": lambda: ss.top_n_tree(parents, edge, 4096, cumulative=False),
+        "expand_in_place": draft_level_in_place,
     }
 
 
-@pytest.mark.parametrize("name", ["verify_sampled", "attention_mask", "compact_kv", "top_n_tree"])
+@pytest.mark.parametrize(
+    "name", ["verify_sampled", "attention_mask", "compact_kv", "top_n_tree", "expand_in_place"]
+)
 def test_gil_released_heartbeat(name: str) -> None:
     call = _big_inputs()[name]
     call()  # warm up (page in, thread pool)

@@ -151,6 +151,88 @@ def test_dynamic_builder_matches_reference(batch, topk, depth, data, fdt):
     assert tb.num_trees == batch and tb.max_nodes == budget
 
 
+def in_place_step(builder):
+    """The step `builder` wrote into its buffers, cut to the returned form (mask width
+    level * K), after checking the mask's unused columns are False."""
+    buf, width = builder.buffers, builder.level * builder.topk
+    assert not buf.attention_mask[..., width:].any()
+    return [buf.tokens, buf.parent_index, buf.attention_mask[..., :width], buf.positions]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.integers(1, 3),
+    st.integers(1, 3),
+    st.integers(1, 4),
+    st.data(),
+    st.sampled_from([np.int32, np.int64]),
+)
+def test_dynamic_builder_in_place_matches_reference(batch, topk, depth, data, idt):
+    """`start_in_place` / `expand_in_place` read the top-k the caller wrote into `buffers`
+    and write the reference's steps there; `build` is the reference's too."""
+    pool = topk + (depth - 1) * topk * topk
+    budget = data.draw(st.integers(1, pool + 1))
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
+    rust = ss.DynamicTreeBuilder(batch, topk, depth, budget)
+    oracle = ref.DynamicTreeBuilder(batch, topk, depth, budget)
+    buf = rust.buffers
+    buf.attention_mask[:] = True  # stale contents must not leak into a step
+    roots = rng.integers(0, 50, size=batch)
+    tok, lp = random_step(rng, (batch, topk))
+    prefix = rng.integers(0, 9, size=batch)
+    buf.topk_tokens[:, 0], buf.topk_logprobs[:, 0] = tok, lp
+    rust.start_in_place(roots.astype(idt), prefix.astype(idt))
+    want = oracle.start(roots.tolist(), tok.tolist(), lp.tolist(), prefix.tolist())
+    assert as_lists(in_place_step(rust)) == [list(w) for w in want]
+    for _ in range(depth - 1):
+        tok, lp = random_step(rng, (batch, topk, topk))
+        buf.topk_tokens[:], buf.topk_logprobs[:] = tok, lp
+        rust.expand_in_place()
+        want = oracle.expand(tok.tolist(), lp.tolist())
+        assert as_lists(in_place_step(rust)) == [list(w) for w in want]
+    tb, idx = rust.build()
+    parents, tokens, pool_index = oracle.build()
+    assert (tb.parents.tolist(), tb.tokens.tolist(), idx.tolist()) == (parents, tokens, pool_index)
+
+
+def test_dynamic_builder_buffers_are_one_block_reused_without_allocation():
+    """The buffers are the same arrays on every read, views of one writable block; in-place
+    steps allocate no numpy memory (tracemalloc sees numpy's allocations), where returned
+    steps allocate at least their mask."""
+    import tracemalloc
+
+    b, k, depth = 8, 4, 24
+    builders = [ss.DynamicTreeBuilder(b, k, depth, 16) for _ in range(2)]
+    buf = builders[0].buffers
+    assert builders[0].buffers is buf and buf.tokens is buf.tokens
+    views = [buf.topk_tokens, buf.topk_logprobs, buf.tokens, buf.parent_index]
+    views += [buf.positions, buf.attention_mask]
+    block = buf.tokens.base
+    while block.base is not None:
+        block = block.base
+    assert all(np.shares_memory(v, block) and v.flags.writeable for v in views)
+    assert [v.shape for v in views] == [(b, k, k)] * 2 + [(b, k)] * 3 + [(b, k, depth * k)]
+    rng = np.random.default_rng(0)
+    tok, lp = random_step(rng, (b, k, k))
+    buf.topk_tokens[:], buf.topk_logprobs[:] = tok, lp
+    builders[0].start_in_place(np.arange(b))
+    builders[1].start(np.arange(b), tok[:, 0], lp[:, 0])
+    peaks = []
+    for run in (builders[0].expand_in_place, lambda: builders[1].expand(tok, lp)):
+        tracemalloc.start()
+        try:
+            before = tracemalloc.get_traced_memory()[0]
+            for _ in range(depth - 1):
+                run()
+            peaks.append(tracemalloc.get_traced_memory()[1] - before)
+        finally:
+            tracemalloc.stop()
+    assert peaks[0] < 1024, peaks
+    assert peaks[1] >= b * k * 2 * k, peaks  # the probe sees a returned mask
+    in_place, returned = (d.build() for d in builders)
+    assert np.array_equal(in_place[1], returned[1])
+
+
 def test_dynamic_builder_walkthrough():
     b = ss.DynamicTreeBuilder(1, 2, 3, 4)
     tokens, parent_index, mask, positions = b.start([9], [[10, 11]], [[-0.1, -1.0]], 5)
@@ -169,6 +251,36 @@ def test_dynamic_builder_walkthrough():
     assert tb[0].tokens.tolist() == [9, 10, 11, 20]
     assert idx.tolist() == [[0, 1, 2]]
     assert "level=2" in repr(b)
+
+
+def test_dynamic_builder_in_place_bad_input():
+    b = ss.DynamicTreeBuilder(2, 2, 2, 3)
+    with pytest.raises(ValueError, match="buffers"):
+        b.start_in_place([1, 2])
+    buf = b.buffers
+    buf.topk_logprobs[:] = -1.0
+    with pytest.raises(ValueError, match="start"):
+        b.expand_in_place()
+    with pytest.raises(ValueError, match="root_tokens: expected 2 entries"):
+        b.start_in_place([1, 2, 3])
+    with pytest.raises(ValueError, match=r"prefix_lens\[1\] = -1"):
+        b.start_in_place([1, 2], [0, -1])
+    buf.topk_logprobs[1, 0, 1] = 0.5
+    with pytest.raises(ValueError, match=r"topk_logprobs\[1, 1\] = 0.5"):
+        b.start_in_place([1, 2])
+    buf.topk_logprobs[1, 0, 1] = -1.0
+    b.start_in_place([1, 2], 4)
+    step = [a.copy() for a in in_place_step(b)]
+    buf.topk_logprobs[0, 1, 0] = np.nan
+    with pytest.raises(ValueError, match=r"topk_logprobs\[0, 1, 0\] = NaN"):
+        b.expand_in_place()
+    # Refused before anything changed: the level and the step in the buffers.
+    assert b.level == 1
+    assert all(np.array_equal(x, y) for x, y in zip(step, in_place_step(b), strict=True))
+    buf.topk_logprobs[0, 1, 0] = -2.0
+    b.expand_in_place()
+    with pytest.raises(ValueError, match="depth 2"):
+        b.expand_in_place()
 
 
 def test_dynamic_builder_bad_input():

@@ -13,6 +13,7 @@ __all__ = [
     "AcceptanceStats",
     "BatchVerifyResult",
     "Draft",
+    "DraftBuffers",
     "DynamicTreeBuilder",
     "NgramDrafter",
     "SuffixDrafter",
@@ -373,6 +374,39 @@ class DynamicTreeBuilder:
         """One draft step from `[B,K,K]` inputs; mask is `[B, K, level*K]`."""
     def build(self) -> tuple[TreeBatch, npt.NDArray[np.int64]]:
         """`(TreeBatch, pool_index [B, budget-1])` reranked from every drafted candidate."""
+    @property
+    def buffers(self) -> DraftBuffers:
+        """Persistent buffers (made on first use) for `start_in_place` / `expand_in_place`."""
+    def start_in_place(
+        self, root_tokens: npt.ArrayLike, prefix_lens: npt.ArrayLike | int | None = None
+    ) -> None:
+        """`start` from `buffers.topk_tokens[:, 0]` / `topk_logprobs[:, 0]`, into `buffers`."""
+    def expand_in_place(self) -> None:
+        """`expand` from `buffers.topk_tokens` / `buffers.topk_logprobs`, into `buffers`."""
+
+@final
+class DraftBuffers:
+    """A `DynamicTreeBuilder`'s persistent numpy buffers (views of one block): the draft's
+    top-k goes in, each step comes out, overwritten by the next in-place call."""
+
+    @property
+    def topk_tokens(self) -> npt.NDArray[np.int64]:
+        """int64 `[B, K, K]`: the draft's top-k per frontier slot (start reads `[:, 0]`)."""
+    @property
+    def topk_logprobs(self) -> npt.NDArray[np.float32]:
+        """float32 `[B, K, K]`: their log probabilities."""
+    @property
+    def tokens(self) -> npt.NDArray[np.int64]:
+        """int64 `[B, K]`: the frontier's tokens."""
+    @property
+    def parent_index(self) -> npt.NDArray[np.int64]:
+        """int64 `[B, K]`: each frontier node's parent slot in the previous frontier."""
+    @property
+    def positions(self) -> npt.NDArray[np.int64]:
+        """int64 `[B, K]`: prefix length + depth."""
+    @property
+    def attention_mask(self) -> npt.NDArray[np.bool_]:
+        """bool `[B, K, depth*K]`: after level L, the first `L*K` columns; the rest False."""
 
 @final
 class AcceptanceStats:

@@ -2,16 +2,17 @@
 //! and the batched EAGLE-2 `DynamicTreeBuilder`. Each entry point extracts its arrays,
 //! releases the GIL and calls one core function.
 
-use ndarray::ArrayView1;
-use numpy::{PyArray1, PyArrayDyn};
+use ndarray::{s, ArrayView1, ArrayView3};
+use numpy::{PyArray1, PyArrayDyn, PyArrayMethods};
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
 
-use specsched_core::topology::dynamic::{DynamicTreeBuilder, Step};
+use specsched_core::topology::dynamic::{DynamicTreeBuilder, Step, StepOut};
 use specsched_core::topology::{self, sequoia};
 
-use crate::convert::{owned, type_name, IntoPyResult};
+use crate::buffers::{Layout, Parts, PyDraftBuffers};
+use crate::convert::{owned, type_name, IntoPyResult, PerRequest};
 use crate::ndconv::{f64_vec, fixed, float_array, i64_array, with_float_view};
 use crate::tree::{PyTree, PyTreeBatch};
 
@@ -146,6 +147,8 @@ pub fn choose_tree<'py>(
 #[pyclass(module = "specsched", name = "DynamicTreeBuilder")]
 pub struct PyDynamicTreeBuilder {
     inner: DynamicTreeBuilder,
+    /// Made on the first read of `buffers`.
+    buffers: Option<Py<PyDraftBuffers>>,
 }
 
 type StepArrays<'py> = (
@@ -155,6 +158,38 @@ type StepArrays<'py> = (
     Bound<'py, PyArrayDyn<i64>>,
 );
 
+/// `prefix_lens` of `start`: None (0), one int for every request, or an array of `b`.
+fn prefix_arg(prefix_lens: Option<&Bound<'_, PyAny>>, b: usize) -> PyResult<Vec<i64>> {
+    Ok(match prefix_lens {
+        None => vec![0; b],
+        Some(p) => PerRequest::extract(p, "prefix_lens")?.into_vec(b),
+    })
+}
+
+/// The buffers' `[B, K, K]` top-k inputs.
+fn topk_views<'a>(
+    parts: &Parts<'a>,
+    b: usize,
+    k: usize,
+) -> PyResult<(ArrayView3<'a, i64>, ArrayView3<'a, f32>)> {
+    let shape_error = |e| PyValueError::new_err(format!("buffers: internal layout error ({e})"));
+    Ok((
+        ArrayView3::from_shape((b, k, k), parts.topk_tokens).map_err(shape_error)?,
+        ArrayView3::from_shape((b, k, k), parts.topk_logprobs).map_err(shape_error)?,
+    ))
+}
+
+/// A step's outputs in the buffers' parts.
+fn step_out<'a>(parts: &'a mut Parts<'_>, mask_stride: usize) -> StepOut<'a, u8> {
+    StepOut {
+        tokens: parts.tokens,
+        parent_index: parts.parent_index,
+        positions: parts.positions,
+        mask: parts.mask,
+        mask_stride,
+    }
+}
+
 fn step_arrays(py: Python<'_>, b: usize, k: usize, s: Step) -> PyResult<StepArrays<'_>> {
     Ok((
         owned(py, s.tokens, &[b, k])?,
@@ -162,6 +197,26 @@ fn step_arrays(py: Python<'_>, b: usize, k: usize, s: Step) -> PyResult<StepArra
         owned(py, s.mask, &[b, k, s.width])?,
         owned(py, s.positions, &[b, k])?,
     ))
+}
+
+impl PyDynamicTreeBuilder {
+    /// The builder state and its buffers for an in-place call, which needs the buffers read
+    /// (the caller writes the top-k into them) first.
+    fn in_place(&mut self, call: &str) -> PyResult<(&mut DynamicTreeBuilder, &PyDraftBuffers)> {
+        let bufs = self.buffers.as_ref().ok_or_else(|| {
+            PyValueError::new_err(format!(
+                "{call}: reads the draft's top-k from the builder's `buffers`: get them and \
+                 write into buffers.topk_tokens / buffers.topk_logprobs first"
+            ))
+        })?;
+        Ok((&mut self.inner, bufs.get()))
+    }
+}
+
+/// The buffers' block is borrowed by another call (a specsched call on one of its views, in
+/// another thread).
+fn in_use(e: numpy::BorrowError) -> PyErr {
+    PyValueError::new_err(format!("buffers: in use by another call: {e}"))
 }
 
 #[pymethods]
@@ -180,6 +235,7 @@ impl PyDynamicTreeBuilder {
                 nonneg(budget, "budget")?,
             )
             .py()?,
+            buffers: None,
         })
     }
 
@@ -219,17 +275,7 @@ impl PyDynamicTreeBuilder {
         let r = i64_array(root_tokens, "root_tokens", 1)?;
         let t = i64_array(topk_tokens, "topk_tokens", 2)?;
         let lp = float_array(topk_logprobs, "topk_logprobs", 2)?;
-        let prefix: Vec<i64> = match prefix_lens {
-            None => vec![0; b],
-            Some(p) => match p.extract::<i64>() {
-                Ok(x) => vec![x; b],
-                Err(_) => i64_array(p, "prefix_lens", 1)?
-                    .view()
-                    .iter()
-                    .copied()
-                    .collect(),
-            },
-        };
+        let prefix = prefix_arg(prefix_lens, b)?;
         let (rv, tv) = (
             fixed(r.view(), "root_tokens")?,
             fixed(t.view(), "topk_tokens")?,
@@ -261,6 +307,54 @@ impl PyDynamicTreeBuilder {
         })
         .py()?;
         step_arrays(py, b, k, step)
+    }
+
+    /// This builder's persistent buffers (made on first use): write the draft's top-k into
+    /// them, then `start_in_place` / `expand_in_place` write each step into them.
+    #[getter]
+    fn buffers(&mut self, py: Python<'_>) -> PyResult<Py<PyDraftBuffers>> {
+        if let Some(b) = &self.buffers {
+            return Ok(b.clone_ref(py));
+        }
+        let layout = Layout::new(self.inner.batch(), self.inner.topk(), self.inner.depth());
+        let b = Py::new(py, PyDraftBuffers::new(py, layout)?)?;
+        self.buffers = Some(b.clone_ref(py));
+        Ok(b)
+    }
+
+    /// `start` reading the root's top-k from `buffers.topk_tokens[:, 0]` /
+    /// `buffers.topk_logprobs[:, 0]` and writing the step into `buffers`.
+    #[pyo3(signature = (root_tokens, prefix_lens=None))]
+    fn start_in_place(
+        &mut self,
+        py: Python<'_>,
+        root_tokens: &Bound<'_, PyAny>,
+        prefix_lens: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<()> {
+        let (b, k) = (self.inner.batch(), self.inner.topk());
+        let r = i64_array(root_tokens, "root_tokens", 1)?;
+        let rv = fixed(r.view(), "root_tokens")?;
+        let prefix = prefix_arg(prefix_lens, b)?;
+        let (inner, bufs) = self.in_place("start_in_place")?;
+        let mut block = bufs.block.bind(py).try_readwrite().map_err(in_use)?;
+        let mut parts = bufs.layout.split(block.as_slice_mut()?)?;
+        let (tt, lp) = topk_views(&parts, b, k)?;
+        let (tt, lp) = (tt.slice_move(s![.., 0, ..]), lp.slice_move(s![.., 0, ..]));
+        let out = step_out(&mut parts, bufs.layout.mask_stride);
+        py.detach(|| inner.start_into(rv, tt, lp, &prefix, out))
+            .py()
+    }
+
+    /// `expand` reading `[B, K, K]` from `buffers.topk_tokens` / `buffers.topk_logprobs` and
+    /// writing the step into `buffers`.
+    fn expand_in_place(&mut self, py: Python<'_>) -> PyResult<()> {
+        let (b, k) = (self.inner.batch(), self.inner.topk());
+        let (inner, bufs) = self.in_place("expand_in_place")?;
+        let mut block = bufs.block.bind(py).try_readwrite().map_err(in_use)?;
+        let mut parts = bufs.layout.split(block.as_slice_mut()?)?;
+        let (tt, lp) = topk_views(&parts, b, k)?;
+        let out = step_out(&mut parts, bufs.layout.mask_stride);
+        py.detach(|| inner.expand_into(tt, lp, out)).py()
     }
 
     /// `(TreeBatch, pool_index int64 [B, budget - 1])` from every candidate drafted so far.

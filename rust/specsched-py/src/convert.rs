@@ -184,15 +184,21 @@ impl PerRequest {
                 "{arg}: expected an int or a 1-D int array, got bool"
             )));
         }
-        if let Ok(p) = obj.extract::<i64>() {
-            return Ok(PerRequest::All(p));
+        // An array of one or more dimensions goes straight to the array path: trying it as an
+        // int first would have numpy raise (and format) a TypeError for every call, which
+        // costs µs right after a model forward, where a decode loop calls this.
+        let is_array = obj.cast::<PyUntypedArray>().is_ok_and(|a| a.ndim() > 0);
+        if !is_array {
+            if let Ok(p) = obj.extract::<i64>() {
+                return Ok(PerRequest::All(p));
+            }
         }
         if obj.is_instance_of::<pyo3::types::PyInt>() {
             return Err(PyValueError::new_err(format!(
                 "{arg}: {obj} does not fit in int64"
             )));
         }
-        if as_ndarray(obj, arg)?.ndim() == 0 {
+        if !is_array && as_ndarray(obj, arg)?.ndim() == 0 {
             return Err(PyTypeError::new_err(format!(
                 "{arg}: expected an int or a 1-D int array, got {}",
                 type_name(obj)

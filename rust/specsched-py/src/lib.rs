@@ -3,6 +3,7 @@
 
 use pyo3::prelude::*;
 
+mod buffers;
 mod build;
 mod convert;
 mod draft;
@@ -33,6 +34,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(sim::sim_best_tree, m)?)?;
     m.add_function(wrap_pyfunction!(sim::sim_simulate, m)?)?;
     m.add_class::<build::PyDynamicTreeBuilder>()?;
+    m.add_class::<buffers::PyDraftBuffers>()?;
     m.add_class::<stats::PyAcceptanceStats>()?;
     m.add_function(wrap_pyfunction!(build::top_n_tree, m)?)?;
     m.add_function(wrap_pyfunction!(build::optimal_tree, m)?)?;

@@ -1,0 +1,180 @@
+//! `DraftBuffers`: the persistent numpy buffers of one `DynamicTreeBuilder`, for a decode loop
+//! that writes the draft's top-k into them (e.g. `torch.topk(..., out=...)` on
+//! `torch.from_numpy` views) and reads each step from them, with nothing extracted or
+//! allocated per draft level.
+//!
+//! All buffers are typed views of one byte block, so a step takes a single rust-numpy borrow
+//! (of the block) for everything it reads and writes: a concurrent specsched call holding any
+//! of the views is refused instead of racing, and the step pays for one borrow, not eight.
+
+use numpy::PyArray1;
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use pyo3::types::PySlice;
+
+/// Byte layout of the block: the 8-byte fields first, so every field is aligned given the
+/// block's (numpy allocates at least 16-byte aligned).
+#[derive(Clone, Copy, Debug)]
+pub struct Layout {
+    batch: usize,
+    topk: usize,
+    /// Mask columns per row: `depth · K`, room for every level.
+    pub mask_stride: usize,
+}
+
+/// One step's view of the block: inputs the caller wrote, outputs the builder writes.
+pub struct Parts<'a> {
+    pub topk_tokens: &'a [i64],
+    pub topk_logprobs: &'a [f32],
+    pub tokens: &'a mut [i64],
+    pub parent_index: &'a mut [i64],
+    pub positions: &'a mut [i64],
+    pub mask: &'a mut [u8],
+}
+
+impl Layout {
+    pub fn new(batch: usize, topk: usize, depth: usize) -> Self {
+        Layout {
+            batch,
+            topk,
+            mask_stride: depth * topk,
+        }
+    }
+
+    /// `(name, dtype, shape, bytes)` of each field, in block order.
+    fn fields(&self) -> [(&'static str, &'static str, Vec<usize>, usize); 6] {
+        let (b, k, w) = (self.batch, self.topk, self.mask_stride);
+        [
+            ("topk_tokens", "int64", vec![b, k, k], 8 * b * k * k),
+            ("tokens", "int64", vec![b, k], 8 * b * k),
+            ("parent_index", "int64", vec![b, k], 8 * b * k),
+            ("positions", "int64", vec![b, k], 8 * b * k),
+            ("topk_logprobs", "float32", vec![b, k, k], 4 * b * k * k),
+            ("attention_mask", "bool", vec![b, k, w], b * k * w),
+        ]
+    }
+
+    fn bytes(&self) -> usize {
+        self.fields().iter().map(|f| f.3).sum()
+    }
+
+    /// The block cut into its fields. Fails only if the block is not the one this layout
+    /// made (wrong length or alignment), which the builder never hands out.
+    pub fn split<'a>(&self, block: &'a mut [u8]) -> PyResult<Parts<'a>> {
+        let internal =
+            |what: &str| PyValueError::new_err(format!("buffers: internal layout error ({what})"));
+        if block.len() != self.bytes() {
+            return Err(internal("length"));
+        }
+        let [tt, tok, par, pos, lp, _] = self.fields().map(|f| f.3);
+        let (ints, rest) = block.split_at_mut(tt + tok + par + pos);
+        let (lp, mask) = rest.split_at_mut(lp);
+        let ints: &mut [i64] = bytemuck::try_cast_slice_mut(ints).map_err(|_| internal("int64"))?;
+        let lp: &[f32] = bytemuck::try_cast_slice(lp).map_err(|_| internal("float32"))?;
+        let (topk_tokens, ints) = ints.split_at_mut(tt / 8);
+        let (tokens, ints) = ints.split_at_mut(tok / 8);
+        let (parent_index, positions) = ints.split_at_mut(par / 8);
+        Ok(Parts {
+            topk_tokens,
+            topk_logprobs: lp,
+            tokens,
+            parent_index,
+            positions,
+            mask,
+        })
+    }
+}
+
+/// The buffers of one `DynamicTreeBuilder` (its `buffers` attribute), numpy views of one
+/// block: write the draft's top-k into `topk_tokens` / `topk_logprobs`, call
+/// `start_in_place` / `expand_in_place`, read the step from the other four. Each call
+/// overwrites the step outputs, as a CUDA-graph runner's static buffers are.
+#[pyclass(module = "specsched", name = "DraftBuffers", frozen)]
+pub struct PyDraftBuffers {
+    pub block: Py<PyArray1<u8>>,
+    pub layout: Layout,
+    topk_tokens: Py<PyAny>,
+    topk_logprobs: Py<PyAny>,
+    tokens: Py<PyAny>,
+    parent_index: Py<PyAny>,
+    positions: Py<PyAny>,
+    attention_mask: Py<PyAny>,
+}
+
+impl PyDraftBuffers {
+    pub fn new(py: Python<'_>, layout: Layout) -> PyResult<Self> {
+        let block = PyArray1::<u8>::zeros(py, layout.bytes(), false);
+        let mut views = Vec::with_capacity(6);
+        let mut at = 0isize;
+        for (_, dtype, shape, bytes) in layout.fields() {
+            let end = at + bytes as isize;
+            let view = block
+                .as_any()
+                .get_item(PySlice::new(py, at, end, 1))?
+                .call_method1("view", (dtype,))?
+                .call_method1("reshape", (shape,))?;
+            views.push(view.unbind());
+            at = end;
+        }
+        let [topk_tokens, tokens, parent_index, positions, topk_logprobs, attention_mask]: [Py<
+            PyAny,
+        >;
+            6] = views
+            .try_into()
+            .map_err(|_| PyValueError::new_err("buffers: internal layout error"))?;
+        Ok(PyDraftBuffers {
+            block: block.unbind(),
+            layout,
+            topk_tokens,
+            topk_logprobs,
+            tokens,
+            parent_index,
+            positions,
+            attention_mask,
+        })
+    }
+}
+
+#[pymethods]
+impl PyDraftBuffers {
+    /// int64 `[B, K, K]`: the draft's top-k tokens of each frontier slot (`start_in_place`
+    /// reads `[:, 0, :]`, the root's).
+    #[getter]
+    fn topk_tokens(&self, py: Python<'_>) -> Py<PyAny> {
+        self.topk_tokens.clone_ref(py)
+    }
+    /// float32 `[B, K, K]`: their log probabilities (`<= 0`, not NaN).
+    #[getter]
+    fn topk_logprobs(&self, py: Python<'_>) -> Py<PyAny> {
+        self.topk_logprobs.clone_ref(py)
+    }
+    /// int64 `[B, K]`: the frontier's tokens, the next draft forward's input ids.
+    #[getter]
+    fn tokens(&self, py: Python<'_>) -> Py<PyAny> {
+        self.tokens.clone_ref(py)
+    }
+    /// int64 `[B, K]`: each frontier node's parent slot in the previous frontier (0 at start).
+    #[getter]
+    fn parent_index(&self, py: Python<'_>) -> Py<PyAny> {
+        self.parent_index.clone_ref(py)
+    }
+    /// int64 `[B, K]`: prefix length + depth.
+    #[getter]
+    fn positions(&self, py: Python<'_>) -> Py<PyAny> {
+        self.positions.clone_ref(py)
+    }
+    /// bool `[B, K, depth·K]`: the draft mask; after level `L` its first `L·K` columns are the
+    /// step's `attention_mask` and the rest are False.
+    #[getter]
+    fn attention_mask(&self, py: Python<'_>) -> Py<PyAny> {
+        self.attention_mask.clone_ref(py)
+    }
+
+    fn __repr__(&self) -> String {
+        let l = &self.layout;
+        format!(
+            "DraftBuffers(batch={}, topk={}, mask_columns={})",
+            l.batch, l.topk, l.mask_stride
+        )
+    }
+}
