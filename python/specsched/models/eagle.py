@@ -204,52 +204,77 @@ class EagleDrafter(_HeadDrafter):
         self.topk, self.depth, self.budget = topk, depth, budget
         self.state = _HeadState(target, head, headroom, temperature)
         self.builder: DynamicTreeBuilder | None = None
+        self.io: _BuilderIO | None = None
 
     def start(
         self, input_ids: Sequence[Sequence[int]], first_tokens: np.ndarray, prefill: TargetStep
     ) -> None:
         super().start(input_ids, first_tokens, prefill)
         self.builder = DynamicTreeBuilder(len(input_ids), self.topk, self.depth, self.budget)
+        self.io = _BuilderIO(self.builder)
 
     @torch.inference_mode()
     def propose(self, roots: np.ndarray, active: np.ndarray) -> TreeBatch:
-        state, builder, k = self.state, self.builder, self.topk
-        if builder is None:
+        state, builder, io, k = self.state, self.builder, self.io, self.topk
+        if builder is None or io is None:
             raise RuntimeError("propose: call start() first")
         clock = time.perf_counter
+        dev = state.device
         root_out = state.feed_pending()
-        top = state.draft_logprobs(root_out).topk(k, dim=-1)
-        # Moving the draft's top-k to the host is the drafter's cost; the builder's starts at t0.
-        top_tokens, top_logprobs = top.indices.cpu().numpy(), top.values.cpu().numpy()
+        # The draft's top-k goes straight into the builder's buffers (the root's into slot 0):
+        # that write is the drafter's cost; the builder's starts at t0.
+        io.put_topk(state.draft_logprobs(root_out), k, slot=0)
         root_positions = (state.lengths - 1).cpu().numpy()
         t0 = clock()
-        tokens, parent_slot, mask, positions = builder.start(
-            roots, top_tokens, top_logprobs, root_positions
-        )
+        builder.start_in_place(roots, root_positions)
         state.build_seconds += clock() - t0
         features = root_out[:, None].expand(-1, k, -1)
-        slots = torch.arange(k, device=state.device)
+        slots = torch.arange(k, device=dev)
         for level in range(1, self.depth):
-            dev = state.device
+            # The step the builder wrote: read here, before the next call overwrites it.
             out = state.feed(
                 features,
-                torch.as_tensor(tokens, device=dev),
-                torch.as_tensor(positions, device=dev),
+                io.tokens.to(dev),
+                io.positions.to(dev),
                 (level - 1) * k + slots,
-                torch.as_tensor(mask, device=dev),
+                io.attention_mask[:, :, : level * k].to(dev),
             )
-            top = state.draft_logprobs(out).topk(k, dim=-1)
-            top_tokens, top_logprobs = top.indices.cpu().numpy(), top.values.cpu().numpy()
+            io.put_topk(state.draft_logprobs(out), k)
             t0 = clock()
-            tokens, parent_slot, mask, positions = builder.expand(top_tokens, top_logprobs)
+            builder.expand_in_place()
             state.build_seconds += clock() - t0
-            features = out.gather(
-                1, torch.as_tensor(parent_slot, device=dev)[:, :, None].expand_as(out)
-            )
+            features = out.gather(1, io.parent_index.to(dev)[:, :, None].expand_as(out))
         t0 = clock()
         trees, _ = builder.build()
         state.build_seconds += clock() - t0
         return trees
+
+
+class _BuilderIO:
+    """Torch views of a `DynamicTreeBuilder`'s buffers (zero-copy, on the host): the draft's
+    top-k is written into them and each step read from them, so a draft level allocates and
+    converts nothing on the builder's side."""
+
+    def __init__(self, builder: DynamicTreeBuilder) -> None:
+        buf = builder.buffers
+        self.topk_tokens = torch.from_numpy(buf.topk_tokens)
+        self.topk_logprobs = torch.from_numpy(buf.topk_logprobs)
+        self.tokens = torch.from_numpy(buf.tokens)
+        self.parent_index = torch.from_numpy(buf.parent_index)
+        self.positions = torch.from_numpy(buf.positions)
+        self.attention_mask = torch.from_numpy(buf.attention_mask)
+
+    def put_topk(self, logprobs: torch.Tensor, k: int, slot: int | None = None) -> None:
+        """The top-`k` of `logprobs` (`[B, K, V]`, or `[B, V]` into frontier `slot`)."""
+        tokens, values = self.topk_tokens, self.topk_logprobs
+        if slot is not None:
+            tokens, values = tokens[:, slot], values[:, slot]
+        if logprobs.device.type == "cpu" and logprobs.dtype == values.dtype:
+            torch.topk(logprobs, k, dim=-1, out=(values, tokens))
+        else:
+            top = logprobs.topk(k, dim=-1)
+            values.copy_(top.values)
+            tokens.copy_(top.indices)
 
 
 class EagleChainDrafter(_HeadDrafter):
