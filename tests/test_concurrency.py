@@ -257,6 +257,61 @@ def test_dynamic_builders_per_thread_match_serial() -> None:
             assert fut.result(timeout=TIMEOUT) == serial
 
 
+def test_builder_buffers_in_use_are_refused_not_raced() -> None:
+    """While `expand_in_place` writes its buffers (GIL released), a specsched call reading one
+    of their views in another thread is refused by rust-numpy's borrow check (the block is
+    borrowed for writing), and an in-place call meeting a reader is refused the same way; a
+    call that runs is correct."""
+    b, k = 4096, 16
+    rng = np.random.default_rng(5)
+    drafting = ss.DynamicTreeBuilder(b, k, 2, 16)
+    buf = drafting.buffers
+    buf.topk_tokens[:] = rng.integers(0, 1000, buf.topk_tokens.shape)
+    buf.topk_logprobs[:] = -rng.exponential(size=buf.topk_logprobs.shape)
+    # A view of the block as logits: row v's argmax is where the frontier slot's best
+    # candidate sits (ties cannot happen with continuous draws).
+    logits = buf.topk_logprobs.reshape(b * k, k)
+    tree = ss.TreeBatch([ss.Tree.chain(np.zeros(1, np.int64))] * (b * k))
+    want = ss.verify(tree, logits).tokens.copy()
+    refused = {"reader": 0, "writer": 0}
+    served = {"reader": 0, "writer": 0}
+    go = threading.Event()
+
+    def write() -> None:
+        go.set()
+        for _ in range(20):
+            try:
+                drafting.start_in_place(np.zeros(b, np.int64))
+                drafting.expand_in_place()
+            except ValueError as e:
+                assert "in use" in str(e)
+                refused["writer"] += 1
+            else:
+                served["writer"] += 1
+            time.sleep(0.002)  # a window for the reader
+
+    def read() -> None:
+        go.wait(TIMEOUT)
+        for _ in range(200):
+            try:
+                got = ss.verify(tree, logits).tokens
+            except ValueError as e:
+                assert "borrow" in str(e).lower() or "cannot be read" in str(e)
+                refused["reader"] += 1
+            else:
+                assert np.array_equal(got, want)
+                served["reader"] += 1
+
+    with ThreadPoolExecutor(2) as pool:
+        futures = [pool.submit(write), pool.submit(read)]
+        for f in futures:
+            f.result(timeout=TIMEOUT)
+    assert refused["reader"] + refused["writer"] > 0, "the two never overlapped"
+    # Every borrow was released: both calls run again.
+    assert np.array_equal(ss.verify(tree, logits).tokens, want)
+    drafting.start_in_place(np.zeros(b, np.int64))
+
+
 def test_shared_builder_is_safe_or_refuses() -> None:
     """A DynamicTreeBuilder shared by threads either serves a call or refuses it with a
     RuntimeError (PyO3's borrow check); it never races, and a served call is correct."""
