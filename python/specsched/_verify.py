@@ -64,6 +64,21 @@ def verify(
     is Medusa's typical acceptance with `posterior_threshold` / `posterior_alpha`: it CHANGES
     the output distribution (lossy) and is never the default.
     """
+    # The decode loop's call first, in as few bytecodes as it takes: greedy on host numpy
+    # logits. Right after a model forward every Python function called here costs µs.
+    if (
+        type(logits) is np.ndarray
+        and target_tokens is None
+        and temperature is None
+        and top_k is None
+        and top_p is None
+        and draft_probs is None
+        and rule is None
+        and reduce != "device"
+    ):
+        if reduce not in ("auto", "host"):
+            raise ValueError(f"reduce: expected 'auto', 'host' or 'device', got {reduce!r}")
+        return _core.verify_greedy(tree, logits)
     if (logits is None) == (target_tokens is None):
         raise TypeError("verify: pass exactly one of logits or target_tokens")
     if reduce not in ("auto", "host", "device"):

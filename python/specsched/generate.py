@@ -297,6 +297,8 @@ def generate(
 
     while active.any():
         out.steps += 1
+        # The loop's own bookkeeping, outside every timer (a greedy step draws nothing).
+        step_seed = None if greedy else _step_seed(seed, out.steps)
         t0 = clock()
         rows = np.flatnonzero(active).tolist()  # running this step
         if drafter is None:
@@ -329,7 +331,7 @@ def generate(
         if sync is not None:
             sync()
         t2 = clock()
-        result = verify(trees, step.logits, seed=_step_seed(seed, out.steps), **sampling)
+        result = verify(trees, step.logits, seed=step_seed, **sampling)
         assert isinstance(result, BatchVerifyResult)
         t3 = clock()
         target.accept(result)
