@@ -106,6 +106,13 @@ def random_step(rng, shape):
     return tokens, lps
 
 
+def drawn_budget_and_rng(data, topk, depth):
+    """A budget the builder's pool can fill (root included) and a seeded generator."""
+    pool = topk + (depth - 1) * topk * topk
+    budget = data.draw(st.integers(1, pool + 1))
+    return budget, np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
+
+
 def as_lists(step):
     return [np.asarray(a).tolist() for a in step]
 
@@ -119,10 +126,8 @@ def as_lists(step):
     st.sampled_from([np.float32, np.float64]),
 )
 def test_dynamic_builder_matches_reference(batch, topk, depth, data, fdt):
-    pool = topk + (depth - 1) * topk * topk
-    budget = data.draw(st.integers(1, pool + 1))
+    budget, rng = drawn_budget_and_rng(data, topk, depth)
     steps = data.draw(st.integers(1, depth))
-    rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
     rust = ss.DynamicTreeBuilder(batch, topk, depth, budget)
     oracle = ref.DynamicTreeBuilder(batch, topk, depth, budget)
     roots = rng.integers(0, 50, size=batch)
@@ -169,30 +174,61 @@ def in_place_step(builder):
 )
 def test_dynamic_builder_in_place_matches_reference(batch, topk, depth, data, idt):
     """`start_in_place` / `expand_in_place` read the top-k the caller wrote into `buffers`
-    and write the reference's steps there; `build` is the reference's too."""
-    pool = topk + (depth - 1) * topk * topk
-    budget = data.draw(st.integers(1, pool + 1))
-    rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
+    and write the reference's steps there; `build` is the reference's too. The same builder
+    then drafts a second tree (of another depth) as a fresh reference does."""
+    budget, rng = drawn_budget_and_rng(data, topk, depth)
     rust = ss.DynamicTreeBuilder(batch, topk, depth, budget)
-    oracle = ref.DynamicTreeBuilder(batch, topk, depth, budget)
     buf = rust.buffers
     buf.attention_mask[:] = True  # stale contents must not leak into a step
-    roots = rng.integers(0, 50, size=batch)
-    tok, lp = random_step(rng, (batch, topk))
-    prefix = rng.integers(0, 9, size=batch)
-    buf.topk_tokens[:, 0], buf.topk_logprobs[:, 0] = tok, lp
-    rust.start_in_place(roots.astype(idt), prefix.astype(idt))
-    want = oracle.start(roots.tolist(), tok.tolist(), lp.tolist(), prefix.tolist())
-    assert as_lists(in_place_step(rust)) == [list(w) for w in want]
-    for _ in range(depth - 1):
-        tok, lp = random_step(rng, (batch, topk, topk))
-        buf.topk_tokens[:], buf.topk_logprobs[:] = tok, lp
-        rust.expand_in_place()
-        want = oracle.expand(tok.tolist(), lp.tolist())
+    for levels in (depth, data.draw(st.integers(1, depth))):
+        oracle = ref.DynamicTreeBuilder(batch, topk, depth, budget)
+        roots = rng.integers(0, 50, size=batch)
+        tok, lp = random_step(rng, (batch, topk))
+        prefix = rng.integers(0, 9, size=batch)
+        buf.topk_tokens[:, 0], buf.topk_logprobs[:, 0] = tok, lp
+        rust.start_in_place(roots.astype(idt), prefix.astype(idt))
+        want = oracle.start(roots.tolist(), tok.tolist(), lp.tolist(), prefix.tolist())
         assert as_lists(in_place_step(rust)) == [list(w) for w in want]
-    tb, idx = rust.build()
-    parents, tokens, pool_index = oracle.build()
-    assert (tb.parents.tolist(), tb.tokens.tolist(), idx.tolist()) == (parents, tokens, pool_index)
+        for _ in range(levels - 1):
+            tok, lp = random_step(rng, (batch, topk, topk))
+            buf.topk_tokens[:], buf.topk_logprobs[:] = tok, lp
+            rust.expand_in_place()
+            want = oracle.expand(tok.tolist(), lp.tolist())
+            assert as_lists(in_place_step(rust)) == [list(w) for w in want]
+        if budget - 1 > topk + (levels - 1) * topk * topk:
+            continue  # too few candidates drafted: build refuses (tested above)
+        tb, idx = rust.build()
+        parents, tokens, pool_index = oracle.build()
+        assert (tb.parents.tolist(), tb.tokens.tolist(), idx.tolist()) == (
+            parents,
+            tokens,
+            pool_index,
+        )
+
+
+def test_dynamic_builder_start_takes_prefix_lens_as_before():
+    """`start` / `start_in_place` read `prefix_lens` as an int (Python, numpy scalar, 0-d
+    array, bool) for every request or an int32 / int64 / uint32 array, one per request."""
+    lp = np.array([[-0.5, -1.0], [-0.25, -2.0]])
+    for prefix, want in [
+        (None, [1, 1]),
+        (7, [8, 8]),
+        (np.int32(7), [8, 8]),
+        (np.array(7), [8, 8]),
+        (True, [2, 2]),
+        (np.array([3, 4], np.uint32), [4, 5]),
+        (np.array([3, 4], np.int32), [4, 5]),
+        ([3, 4], [4, 5]),
+    ]:
+        returned = ss.DynamicTreeBuilder(2, 2, 2, 3)
+        positions = returned.start([1, 2], [[1, 2], [3, 4]], lp, prefix)[3]
+        assert positions[:, 0].tolist() == want, prefix
+        kept = ss.DynamicTreeBuilder(2, 2, 2, 3)
+        kept.buffers.topk_logprobs[:, 0] = lp
+        kept.start_in_place([1, 2], prefix)
+        assert kept.buffers.positions[:, 0].tolist() == want, prefix
+    with pytest.raises(TypeError, match="prefix_lens"):
+        ss.DynamicTreeBuilder(2, 2, 2, 3).start([1, 2], [[1, 2], [3, 4]], lp, [1.5, 2.0])
 
 
 def test_dynamic_builder_buffers_are_one_block_reused_without_allocation():
@@ -253,6 +289,13 @@ def test_dynamic_builder_walkthrough():
     assert "level=2" in repr(b)
 
 
+def test_dynamic_builder_refuses_a_mask_too_large_before_allocating():
+    with pytest.raises(ValueError, match="draft mask"):
+        ss.DynamicTreeBuilder(1, 2**20, 1, 2)
+    with pytest.raises(ValueError, match="draft mask"):
+        ss.DynamicTreeBuilder(2**14, 64, 8, 2)
+
+
 def test_dynamic_builder_in_place_bad_input():
     b = ss.DynamicTreeBuilder(2, 2, 2, 3)
     with pytest.raises(ValueError, match="buffers"):
@@ -278,6 +321,13 @@ def test_dynamic_builder_in_place_bad_input():
     assert b.level == 1
     assert all(np.array_equal(x, y) for x, y in zip(step, in_place_step(b), strict=True))
     buf.topk_logprobs[0, 1, 0] = -2.0
+    block = buf.tokens.base
+    while block.base is not None:
+        block = block.base
+    block.flags.writeable = False
+    with pytest.raises(ValueError, match="read-only"):
+        b.expand_in_place()
+    block.flags.writeable = True
     b.expand_in_place()
     with pytest.raises(ValueError, match="depth 2"):
         b.expand_in_place()

@@ -269,6 +269,11 @@ class _BuilderIO:
         tokens, values = self.topk_tokens, self.topk_logprobs
         if slot is not None:
             tokens, values = tokens[:, slot], values[:, slot]
+        if logprobs.shape[:-1] != values.shape[:-1] or k != values.shape[-1]:
+            # `out=` would quietly resize the views instead of failing.
+            raise ValueError(
+                f"put_topk: top-{k} of {tuple(logprobs.shape)} does not fit {tuple(values.shape)}"
+            )
         if logprobs.device.type == "cpu" and logprobs.dtype == values.dtype:
             torch.topk(logprobs, k, dim=-1, out=(values, tokens))
         else:

@@ -41,7 +41,8 @@ impl Layout {
         }
     }
 
-    /// `(name, dtype, shape, bytes)` of each field, in block order.
+    /// `(name, dtype, shape, bytes)` of each field, in block order. The builder bounds
+    /// `batch · topk · depth · topk`, so no product here overflows.
     fn fields(&self) -> [(&'static str, &'static str, Vec<usize>, usize); 6] {
         let (b, k, w) = (self.batch, self.topk, self.mask_stride);
         [
@@ -103,7 +104,11 @@ pub struct PyDraftBuffers {
 
 impl PyDraftBuffers {
     pub fn new(py: Python<'_>, layout: Layout) -> PyResult<Self> {
-        let block = PyArray1::<u8>::zeros(py, layout.bytes(), false);
+        // numpy's `zeros` through Python: a failed allocation is a MemoryError there (the
+        // builder bounds the size; rust-numpy's `zeros` would panic on numpy's NULL).
+        let block = numpy::get_array_module(py)?
+            .call_method1("zeros", (layout.bytes(), "uint8"))?
+            .cast_into::<PyArray1<u8>>()?;
         let mut views = Vec::with_capacity(6);
         let mut at = 0isize;
         for (_, dtype, shape, bytes) in layout.fields() {

@@ -3,7 +3,7 @@
 //! releases the GIL and calls one core function.
 
 use ndarray::{s, ArrayView1, ArrayView3};
-use numpy::{PyArray1, PyArrayDyn, PyArrayMethods};
+use numpy::{PyArray1, PyArrayDyn, PyArrayMethods, PyUntypedArray, PyUntypedArrayMethods};
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
@@ -12,7 +12,7 @@ use specsched_core::topology::dynamic::{DynamicTreeBuilder, Step, StepOut};
 use specsched_core::topology::{self, sequoia};
 
 use crate::buffers::{Layout, Parts, PyDraftBuffers};
-use crate::convert::{owned, type_name, IntoPyResult, PerRequest};
+use crate::convert::{owned, type_name, IntoPyResult};
 use crate::ndconv::{f64_vec, fixed, float_array, i64_array, with_float_view};
 use crate::tree::{PyTree, PyTreeBatch};
 
@@ -158,12 +158,25 @@ type StepArrays<'py> = (
     Bound<'py, PyArrayDyn<i64>>,
 );
 
-/// `prefix_lens` of `start`: None (0), one int for every request, or an array of `b`.
+/// `prefix_lens` of `start`: None (0), one int for every request, or an int32 / int64 /
+/// uint32 array of `b`.
 fn prefix_arg(prefix_lens: Option<&Bound<'_, PyAny>>, b: usize) -> PyResult<Vec<i64>> {
-    Ok(match prefix_lens {
-        None => vec![0; b],
-        Some(p) => PerRequest::extract(p, "prefix_lens")?.into_vec(b),
-    })
+    let Some(p) = prefix_lens else {
+        return Ok(vec![0; b]);
+    };
+    // An array goes straight to the array path: as an int it would have numpy raise (and
+    // format) a TypeError on every call, which costs µs right after a model forward.
+    let is_array = p.cast::<PyUntypedArray>().is_ok_and(|a| a.ndim() > 0);
+    if !is_array {
+        if let Ok(x) = p.extract::<i64>() {
+            return Ok(vec![x; b]);
+        }
+    }
+    Ok(i64_array(p, "prefix_lens", 1)?
+        .view()
+        .iter()
+        .copied()
+        .collect())
 }
 
 /// The buffers' `[B, K, K]` top-k inputs.
@@ -213,10 +226,15 @@ impl PyDynamicTreeBuilder {
     }
 }
 
-/// The buffers' block is borrowed by another call (a specsched call on one of its views, in
-/// another thread).
+/// Why the buffers' block cannot be written: another call holds one of its views (a
+/// specsched call in another thread), or the user made the block read-only.
 fn in_use(e: numpy::BorrowError) -> PyErr {
-    PyValueError::new_err(format!("buffers: in use by another call: {e}"))
+    match e {
+        numpy::BorrowError::NotWriteable => {
+            PyValueError::new_err("buffers: the block under the views was made read-only")
+        }
+        _ => PyValueError::new_err(format!("buffers: in use by another call: {e}")),
+    }
 }
 
 #[pymethods]

@@ -95,6 +95,26 @@ pub struct DynamicTreeBuilder {
     /// builder, none per level.
     rows: Vec<bool>,
     next_rows: Vec<bool>,
+    /// The `K²` children's rank keys of one request, reused by every `expand_into`.
+    keys: Vec<RankKey>,
+}
+
+/// Most entries of a builder's draft mask rows (`batch · topk · depth · topk`, held twice):
+/// 256 MiB each, far past any serving configuration, refused before anything is allocated.
+pub const MAX_MASK_ENTRIES: usize = 1 << 28;
+
+/// `n` copies of `v`, or a ValueError when the memory cannot be reserved (a failed
+/// allocation would abort the process).
+fn filled<T: Clone>(n: usize, v: T) -> Result<Vec<T>> {
+    let mut out = Vec::new();
+    out.try_reserve_exact(n).map_err(|_| {
+        Error::value(
+            "batch",
+            format!("the builder's state of {n} entries does not fit in memory"),
+        )
+    })?;
+    out.resize(n, v);
+    Ok(out)
 }
 
 impl DynamicTreeBuilder {
@@ -130,6 +150,22 @@ impl DynamicTreeBuilder {
                 ),
             ));
         }
+        // `batch * pool < 2^31` bounds every product below but the mask rows' (`topk²` is
+        // not bounded by the pool when depth is 1).
+        let mask = batch
+            .checked_mul(topk)
+            .and_then(|x| x.checked_mul(depth))
+            .and_then(|x| x.checked_mul(topk))
+            .filter(|&m| m <= MAX_MASK_ENTRIES)
+            .ok_or_else(|| {
+                Error::value(
+                    "topk",
+                    format!(
+                        "batch={batch}, topk={topk}, depth={depth} give a draft mask of more \
+                         than {MAX_MASK_ENTRIES} entries"
+                    ),
+                )
+            })?;
         Ok(DynamicTreeBuilder {
             batch,
             topk,
@@ -137,14 +173,15 @@ impl DynamicTreeBuilder {
             budget,
             pool,
             level: 0,
-            root_tokens: vec![0; batch],
-            prefix: vec![0; batch],
-            scores: vec![0.0; batch * pool],
-            tokens: vec![0; batch * pool],
-            parents: vec![-1; batch * pool],
-            frontier: vec![0; batch * topk],
-            rows: vec![false; batch * topk * depth * topk],
-            next_rows: vec![false; batch * topk * depth * topk],
+            root_tokens: filled(batch, 0)?,
+            prefix: filled(batch, 0)?,
+            scores: filled(batch * pool, 0.0)?,
+            tokens: filled(batch * pool, 0)?,
+            parents: filled(batch * pool, -1)?,
+            frontier: filled(batch * topk, 0)?,
+            rows: filled(mask, false)?,
+            next_rows: filled(mask, false)?,
+            keys: Vec::with_capacity(topk * topk),
         })
     }
 
@@ -384,7 +421,7 @@ impl DynamicTreeBuilder {
         let stride = self.row_stride();
         let old_w = self.level * k;
         let new_w = old_w + k;
-        let mut keys: Vec<RankKey> = Vec::with_capacity(k * k);
+        let mut keys = std::mem::take(&mut self.keys);
         for r in 0..b {
             let base = r * self.pool;
             keys.clear();
@@ -417,6 +454,7 @@ impl DynamicTreeBuilder {
                 dst[old_w + j] = true;
             }
         }
+        self.keys = keys;
         std::mem::swap(&mut self.rows, &mut self.next_rows);
         self.level += 1;
         self.write_step(out);
@@ -512,16 +550,57 @@ mod tests {
         assert!(d.expand(tok.view(), lp.view()).is_err());
     }
 
-    /// `expand_into` a wide `u8` mask (stale bytes in it) writes what `expand` returns, then
-    /// zeros; the two builders stay in step.
+    /// Caller buffers for one step: `[B, K]` tokens, parents and positions, a `u8` mask.
+    struct Buffers {
+        tok: Vec<i64>,
+        par: Vec<i64>,
+        pos: Vec<i64>,
+        mask: Vec<u8>,
+        stride: usize,
+    }
+
+    impl Buffers {
+        /// Filled with junk, as memory a caller reuses may be.
+        fn new(rows: usize, stride: usize) -> Self {
+            Buffers {
+                tok: vec![7; rows],
+                par: vec![7; rows],
+                pos: vec![7; rows],
+                mask: vec![9; rows * stride],
+                stride,
+            }
+        }
+
+        fn out(&mut self) -> StepOut<'_, u8> {
+            StepOut {
+                tokens: &mut self.tok,
+                parent_index: &mut self.par,
+                positions: &mut self.pos,
+                mask: &mut self.mask,
+                mask_stride: self.stride,
+            }
+        }
+
+        /// Holds `s`: equal values, the mask's first `s.width` columns, then zeros.
+        fn assert_holds(&self, s: &Step) {
+            assert_eq!(s.tokens, self.tok);
+            assert_eq!(s.parent_index, self.par);
+            assert_eq!(s.positions, self.pos);
+            for (row, got) in s.mask.chunks(s.width).zip(self.mask.chunks(self.stride)) {
+                let want: Vec<u8> = row.iter().map(|&x| u8::from(x)).collect();
+                assert_eq!(&got[..s.width], &want[..]);
+                assert!(got[s.width..].iter().all(|&x| x == 0));
+            }
+        }
+    }
+
+    /// `start_into` / `expand_into` a wide `u8` mask (junk in it) write what `start` / `expand`
+    /// of a builder that was never used return, then zeros; a used builder's second tree too.
     #[test]
     fn steps_into_buffers_equal_returned_steps() {
         let (b, k, depth) = (3, 3, 4);
-        let mut fresh = DynamicTreeBuilder::new(b, k, depth, 10).unwrap();
-        let mut kept = fresh.clone();
-        let stride = depth * k;
-        let (mut tok, mut par, mut pos) = (vec![7i64; b * k], vec![7i64; b * k], vec![7i64; b * k]);
-        let mut mask = vec![9u8; b * k * stride];
+        let mut kept = DynamicTreeBuilder::new(b, k, depth, 10).unwrap();
+        let mut buf = Buffers::new(b * k, depth * k);
         let mut seed = 11u64;
         let mut draw = |n: usize| -> Vec<f64> {
             (0..n)
@@ -533,81 +612,50 @@ mod tests {
                 })
                 .collect()
         };
-        let same = |s: &Step, tok: &[i64], par: &[i64], pos: &[i64], mask: &[u8]| {
-            assert_eq!(
-                (&s.tokens[..], &s.parent_index[..], &s.positions[..]),
-                (tok, par, pos)
-            );
-            for (row, got) in s.mask.chunks(s.width).zip(mask.chunks(stride)) {
-                let want: Vec<u8> = row.iter().map(|&x| u8::from(x)).collect();
-                assert_eq!(&got[..s.width], &want[..]);
-                assert!(got[s.width..].iter().all(|&x| x == 0));
+        // Two trees on `kept`: the full depth, then two levels from other roots.
+        for (tree, levels) in [(0i64, depth), (1, 2)] {
+            let mut fresh = DynamicTreeBuilder::new(b, k, depth, 10).unwrap();
+            let roots = vec![1 + tree; b];
+            let prefix = [4 + tree, 0, 9];
+            let t0 = Array2::from_shape_fn((b, k), |(r, c)| tree * 1000 + (r * 10 + c) as i64);
+            let l0 = Array2::from_shape_vec((b, k), draw(b * k)).unwrap();
+            let roots = ArrayView1::from(&roots);
+            let s = fresh.start(roots, t0.view(), l0.view(), &prefix).unwrap();
+            kept.start_into(roots, t0.view(), l0.view(), &prefix, buf.out())
+                .unwrap();
+            buf.assert_holds(&s);
+            for level in 1..levels {
+                let t = Array3::from_shape_fn((b, k, k), |(r, j, c)| {
+                    (level * 100 + r * 10 + j * k + c) as i64
+                });
+                let l = Array3::from_shape_vec((b, k, k), draw(b * k * k)).unwrap();
+                let s = fresh.expand(t.view(), l.view()).unwrap();
+                kept.expand_into(t.view(), l.view(), buf.out()).unwrap();
+                buf.assert_holds(&s);
             }
-        };
-        let roots = vec![1i64; b];
-        let t0 = Array2::from_shape_fn((b, k), |(r, c)| (r * 10 + c) as i64);
-        let l0 = Array2::from_shape_vec((b, k), draw(b * k)).unwrap();
-        let s = fresh
-            .start(ArrayView1::from(&roots), t0.view(), l0.view(), &[4, 0, 9])
-            .unwrap();
-        let out = StepOut {
-            tokens: &mut tok,
-            parent_index: &mut par,
-            positions: &mut pos,
-            mask: &mut mask,
-            mask_stride: stride,
-        };
-        kept.start_into(
-            ArrayView1::from(&roots),
-            t0.view(),
-            l0.view(),
-            &[4, 0, 9],
-            out,
-        )
-        .unwrap();
-        same(&s, &tok, &par, &pos, &mask);
-        for level in 1..depth {
-            let t = Array3::from_shape_fn((b, k, k), |(r, j, c)| {
-                (level * 100 + r * 10 + j * k + c) as i64
-            });
-            let l = Array3::from_shape_vec((b, k, k), draw(b * k * k)).unwrap();
-            let s = fresh.expand(t.view(), l.view()).unwrap();
-            let out = StepOut {
-                tokens: &mut tok,
-                parent_index: &mut par,
-                positions: &mut pos,
-                mask: &mut mask,
-                mask_stride: stride,
-            };
-            kept.expand_into(t.view(), l.view(), out).unwrap();
-            same(&s, &tok, &par, &pos, &mask);
+            assert_eq!(fresh.build().unwrap(), kept.build().unwrap());
         }
-        assert_eq!(fresh.build().unwrap(), kept.build().unwrap());
         // Start needs K mask columns; a step to level 2 needs 2K, and is refused before
         // anything changes.
-        let mut narrow = vec![0u8; b * k * k];
-        let z = vec![0i64; b];
-        let out = StepOut {
-            tokens: &mut tok,
-            parent_index: &mut par,
-            positions: &mut pos,
-            mask: &mut narrow,
-            mask_stride: k,
-        };
-        kept.start_into(ArrayView1::from(&roots), t0.view(), l0.view(), &z, out)
+        let mut narrow = Buffers::new(b * k, k);
+        let roots = ArrayView1::from(&[0i64; 3]);
+        let t0 = Array2::<i64>::zeros((b, k));
+        let l0 = Array2::<f64>::zeros((b, k));
+        kept.start_into(roots, t0.view(), l0.view(), &[0; 3], narrow.out())
             .unwrap();
         let t = Array3::<i64>::zeros((b, k, k));
         let l = Array3::<f64>::zeros((b, k, k));
-        let out = StepOut {
-            tokens: &mut tok,
-            parent_index: &mut par,
-            positions: &mut pos,
-            mask: &mut narrow,
-            mask_stride: k,
-        };
-        let e = kept.expand_into(t.view(), l.view(), out).unwrap_err();
+        let e = kept
+            .expand_into(t.view(), l.view(), narrow.out())
+            .unwrap_err();
         assert!(e.to_string().contains("attention_mask"), "{e}");
         assert_eq!(kept.level(), 1);
+    }
+
+    #[test]
+    fn refuses_a_mask_too_large_before_allocating() {
+        let e = DynamicTreeBuilder::new(1, 1 << 20, 1, 2).unwrap_err();
+        assert!(e.to_string().contains("draft mask"), "{e}");
     }
 
     #[test]
