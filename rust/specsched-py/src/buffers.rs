@@ -12,6 +12,8 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PySlice;
 
+use crate::convert::zeros;
+
 /// Byte layout of the block: the 8-byte fields first, so every field is aligned given the
 /// block's (numpy allocates at least 16-byte aligned).
 #[derive(Clone, Copy, Debug)]
@@ -104,11 +106,8 @@ pub struct PyDraftBuffers {
 
 impl PyDraftBuffers {
     pub fn new(py: Python<'_>, layout: Layout) -> PyResult<Self> {
-        // numpy's `zeros` through Python: a failed allocation is a MemoryError there (the
-        // builder bounds the size; rust-numpy's `zeros` would panic on numpy's NULL).
-        let block = numpy::get_array_module(py)?
-            .call_method1("zeros", (layout.bytes(), "uint8"))?
-            .cast_into::<PyArray1<u8>>()?;
+        // A failed allocation is numpy's MemoryError (the builder bounds the size).
+        let block = zeros::<u8>(py, &[layout.bytes()])?.cast_into::<PyArray1<u8>>()?;
         let mut views = Vec::with_capacity(6);
         let mut at = 0isize;
         for (_, dtype, shape, bytes) in layout.fields() {
