@@ -148,12 +148,13 @@ def test_dynamic_builder_matches_reference(batch, topk, depth, data, fdt):
         with pytest.raises(ValueError, match="budget"):
             rust.build()
         return
-    tb, idx = rust.build()
-    parents, tokens, pool_index = oracle.build()
-    assert tb.parents.tolist() == parents
-    assert tb.tokens.tolist() == tokens
-    assert idx.tolist() == pool_index
-    assert tb.num_trees == batch and tb.max_nodes == budget
+    for order in ("pool", "depth_first"):
+        tb, idx = rust.build(order)
+        parents, tokens, pool_index = oracle.build(order)
+        assert tb.parents.tolist() == parents
+        assert tb.tokens.tolist() == tokens
+        assert idx.tolist() == pool_index
+        assert tb.num_trees == batch and tb.max_nodes == budget
 
 
 def in_place_step(builder):
@@ -269,6 +270,40 @@ def test_dynamic_builder_buffers_are_one_block_reused_without_allocation():
     assert np.array_equal(in_place[1], returned[1])
 
 
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.integers(0, 10**6), min_size=1, max_size=40))
+def test_depth_first_renumbering_keeps_the_tree(draws):
+    """`build(order="depth_first")`'s renumbering (the reference's, which the builder matches
+    above): every node keeps its parent, token and pool index, subtrees are contiguous, and
+    each node's lowest-index child comes right after it."""
+    parents = [-1] + [d % (i + 1) for i, d in enumerate(draws[1:])]
+    tokens = [100 + i for i in range(len(parents))]
+    pool = [1000 + i for i in range(1, len(parents))]
+    p, t, idx = ref.renumber_depth_first(parents, tokens, pool)
+    assert all(0 <= p[i] < i for i in range(1, len(p))) and p[0] == -1
+    old = [tk - 100 for tk in t]  # the old index of each new node
+    assert sorted(old) == list(range(len(parents)))
+    assert all(old[p[i]] == parents[old[i]] for i in range(1, len(p)))
+    assert idx == [1000 + o for o in old[1:]]
+    kids = {v: [i for i in range(len(p)) if p[i] == v] for v in range(len(p))}
+    for v, cs in kids.items():
+        if cs:
+            assert cs[0] == v + 1
+    size = [1] * len(p)
+    for i in range(len(p) - 1, 0, -1):
+        size[p[i]] += size[i]
+    for v in range(len(p)):  # v's subtree is v + 1 .. v + size[v] - 1
+        assert all(v <= i < v + size[v] for i in range(len(p)) if _is_below(p, i, v))
+
+
+def _is_below(parents, i, v):
+    while i != -1:
+        if i == v:
+            return True
+        i = parents[i]
+    return False
+
+
 def test_dynamic_builder_walkthrough():
     b = ss.DynamicTreeBuilder(1, 2, 3, 4)
     tokens, parent_index, mask, positions = b.start([9], [[10, 11]], [[-0.1, -1.0]], 5)
@@ -286,6 +321,13 @@ def test_dynamic_builder_walkthrough():
     assert tb[0].parents.tolist() == [-1, 0, 0, 1]
     assert tb[0].tokens.tolist() == [9, 10, 11, 20]
     assert idx.tolist() == [[0, 1, 2]]
+    # Depth first: the best path 9 -> 10 -> 20 is nodes 0, 1, 2.
+    tb, idx = b.build("depth_first")
+    assert tb[0].parents.tolist() == [-1, 0, 1, 0]
+    assert tb[0].tokens.tolist() == [9, 10, 20, 11]
+    assert idx.tolist() == [[0, 2, 1]]
+    with pytest.raises(ValueError, match="order"):
+        b.build("bfs")
     assert "level=2" in repr(b)
 
 

@@ -1,6 +1,6 @@
 """Typed stubs of the Rust extension `specsched._core` (the API users see in their editor)."""
 
-from typing import Any, final
+from typing import Any, Literal, final
 
 import numpy as np
 import numpy.typing as npt
@@ -372,7 +372,9 @@ class DynamicTreeBuilder:
         npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.bool_], npt.NDArray[np.int64]
     ]:
         """One draft step from `[B,K,K]` inputs; mask is `[B, K, level*K]`."""
-    def build(self) -> tuple[TreeBatch, npt.NDArray[np.int64]]:
+    def build(
+        self, order: Literal["pool", "depth_first"] = "pool"
+    ) -> tuple[TreeBatch, npt.NDArray[np.int64]]:
         """`(TreeBatch, pool_index [B, budget-1])` reranked from every drafted candidate."""
     @property
     def buffers(self) -> DraftBuffers:

@@ -1416,8 +1416,9 @@ class DynamicTreeBuilder:
         self.level += 1
         return self._step(parent_index)
 
-    def build(self) -> tuple[list[int], list[int], list[list[int]]]:
-        """`(flat tree-local parents, flat tokens, pool_index [B][budget-1])`."""
+    def build(self, order: str = "pool") -> tuple[list[int], list[int], list[list[int]]]:
+        """`(flat tree-local parents, flat tokens, pool_index [B][budget-1])`, each tree's
+        nodes by pool index or (`order="depth_first"`) in depth-first preorder."""
         parents: list[int] = []
         tokens: list[int] = []
         pool: list[list[int]] = []
@@ -1429,10 +1430,34 @@ class DynamicTreeBuilder:
                 self.tokens[b],
                 self.root[b],
             )
+            if order == "depth_first":
+                p, t, idx = renumber_depth_first(p, t, idx)
             parents += p
             tokens += t
             pool.append(idx)
         return parents, tokens, pool
+
+
+def depth_first_order(parents: Sequence[int]) -> list[int]:
+    """The nodes in depth-first preorder, children in increasing index."""
+    kids = _children(parents)
+    order: list[int] = []
+    stack = [0] if parents else []
+    while stack:
+        v = stack.pop()
+        order.append(v)
+        stack.extend(reversed(kids[v]))  # the lowest-index child is visited first
+    return order
+
+
+def renumber_depth_first(
+    parents: Sequence[int], tokens: Sequence[int], pool_index: Sequence[int]
+) -> tuple[list[int], list[int], list[int]]:
+    """A tree (and its draft nodes' pool indices) renumbered in depth-first preorder."""
+    order = depth_first_order(parents)
+    new_of = {old: new for new, old in enumerate(order)}
+    new_parents = [-1] + [new_of[parents[old]] for old in order[1:]]
+    return new_parents, [tokens[old] for old in order], [pool_index[old - 1] for old in order[1:]]
 
 
 def acceptance_counts(

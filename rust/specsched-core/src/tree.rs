@@ -158,6 +158,47 @@ impl TreeRef<'_> {
     }
 }
 
+/// The nodes of a tree with valid `parents` (`parents[0] = -1`, `0 <= parents[i] < i`) in
+/// depth-first preorder, children in increasing index: each node's preferred (lowest-index)
+/// child comes right after it, so the path of preferred children is nodes `0, 1, 2, ...`.
+/// Written into `order`; `links` is scratch of `2 · N` entries.
+pub fn depth_first_order(parents: &[i32], order: &mut Vec<u32>, links: &mut Vec<i32>) {
+    let n = parents.len();
+    order.clear();
+    if n == 0 {
+        return;
+    }
+    links.clear();
+    links.resize(2 * n, -1);
+    let (first_child, next_sibling) = links.split_at_mut(n);
+    // Walking nodes in decreasing index leaves every child list in increasing index.
+    for v in (1..n).rev() {
+        let p = parents[v] as usize;
+        next_sibling[v] = first_child[p];
+        first_child[p] = v as i32;
+    }
+    // A node's subtree is done when it has no child left; then the walk resumes at the
+    // nearest ancestor-or-self with a next sibling. Iterative: trees may be 65536 deep.
+    let mut v = 0usize;
+    'walk: loop {
+        order.push(v as u32);
+        if first_child[v] >= 0 {
+            v = first_child[v] as usize;
+            continue;
+        }
+        loop {
+            if next_sibling[v] >= 0 {
+                v = next_sibling[v] as usize;
+                continue 'walk;
+            }
+            if v == 0 {
+                break 'walk;
+            }
+            v = parents[v] as usize;
+        }
+    }
+}
+
 /// Iterator over a node's children, lowest index (the draft's preferred candidate) first.
 pub struct Children<'a> {
     next: i32,
@@ -576,6 +617,22 @@ mod tests {
         assert_eq!(v.children(0).collect::<Vec<_>>(), vec![1, 2]);
         assert_eq!(t.max_depth(), 2);
         assert_eq!(t.num_leaves(), 3);
+    }
+
+    #[test]
+    fn depth_first_order_puts_each_first_child_next() {
+        let (mut order, mut links) = (Vec::new(), Vec::new());
+        // 0 -> {1, 2}, 1 -> {3, 4}, 2 -> {5}, 3 -> {6}
+        depth_first_order(&[-1, 0, 0, 1, 1, 2, 3], &mut order, &mut links);
+        assert_eq!(order, [0, 1, 3, 6, 4, 2, 5]);
+        depth_first_order(&[-1], &mut order, &mut links);
+        assert_eq!(order, [0]);
+        depth_first_order(&[], &mut order, &mut links);
+        assert!(order.is_empty());
+        // A chain 65536 deep: no recursion.
+        let chain: Vec<i32> = (-1..65535).collect();
+        depth_first_order(&chain, &mut order, &mut links);
+        assert!(order.iter().enumerate().all(|(i, &v)| v as usize == i));
     }
 
     #[test]

@@ -8,7 +8,7 @@ use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
 
-use specsched_core::topology::dynamic::{DynamicTreeBuilder, Step, StepOut};
+use specsched_core::topology::dynamic::{DynamicTreeBuilder, NodeOrder, Step, StepOut};
 use specsched_core::topology::{self, sequoia};
 
 use crate::buffers::{Layout, Parts, PyDraftBuffers};
@@ -375,10 +375,25 @@ impl PyDynamicTreeBuilder {
         py.detach(|| inner.expand_into(tt, lp, out)).py()
     }
 
-    /// `(TreeBatch, pool_index int64 [B, budget - 1])` from every candidate drafted so far.
-    fn build<'py>(&self, py: Python<'py>) -> PyResult<(PyTreeBatch, Bound<'py, PyArrayDyn<i64>>)> {
+    /// `(TreeBatch, pool_index int64 [B, budget - 1])` from every candidate drafted so far,
+    /// each tree's nodes in `order`: "pool" (increasing pool index) or "depth_first".
+    #[pyo3(signature = (order="pool"))]
+    fn build<'py>(
+        &self,
+        py: Python<'py>,
+        order: &str,
+    ) -> PyResult<(PyTreeBatch, Bound<'py, PyArrayDyn<i64>>)> {
+        let order = match order {
+            "pool" => NodeOrder::Pool,
+            "depth_first" => NodeOrder::DepthFirst,
+            o => {
+                return Err(PyValueError::new_err(format!(
+                    "order: expected 'pool' or 'depth_first', got {o:?}"
+                )))
+            }
+        };
         let inner = &self.inner;
-        let (batch, idx) = py.detach(|| inner.build()).py()?;
+        let (batch, idx) = py.detach(|| inner.build_in(order)).py()?;
         let shape = [inner.batch(), inner.budget() - 1];
         Ok((PyTreeBatch { inner: batch }, owned(py, idx, &shape)?))
     }

@@ -20,7 +20,7 @@ use ndarray::{ArrayView1, ArrayView2, ArrayView3};
 
 use crate::error::{Error, Result};
 use crate::topology::{select_top, RankKey, ScoreLike};
-use crate::tree::{IndexLike, TreeBatch, MAX_NODES};
+use crate::tree::{depth_first_order, IndexLike, TreeBatch, MAX_NODES};
 
 /// What the next draft forward needs, row-major.
 #[derive(Debug, Clone, PartialEq)]
@@ -70,6 +70,16 @@ impl Step {
             mask_stride: self.width,
         }
     }
+}
+
+/// How [`DynamicTreeBuilder::build_in`] numbers each tree's nodes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NodeOrder {
+    /// Increasing pool index (by draft step, then frontier slot, then rank).
+    Pool,
+    /// Depth-first preorder, siblings by rank: the draft's best path is nodes `0, 1, 2, ...`,
+    /// so when the target accepts it the accepted KV entries are already in place.
+    DepthFirst,
 }
 
 /// Batched EAGLE-2 drafting state.
@@ -465,6 +475,11 @@ impl DynamicTreeBuilder {
     /// (then shallower, then pool index) as a tree in pool order. Returns the batch and the
     /// pool index of every draft node (`[B, budget - 1]`).
     pub fn build(&self) -> Result<(TreeBatch, Vec<i64>)> {
+        self.build_in(NodeOrder::Pool)
+    }
+
+    /// [`Self::build`] with each tree's nodes in `order`.
+    pub fn build_in(&self, order: NodeOrder) -> Result<(TreeBatch, Vec<i64>)> {
         if self.level == 0 {
             return Err(Error::value("build", "call start() before build()"));
         }
@@ -486,12 +501,17 @@ impl DynamicTreeBuilder {
         let mut keys: Vec<RankKey> = Vec::with_capacity(m);
         let mut chosen = Vec::with_capacity(n - 1);
         let mut node_of = vec![0i32; m];
+        // Depth-first reordering's scratch: the preorder, its links, each node's new index and
+        // the request's tree as selected.
+        let (mut dfs, mut links, mut new_of) = (Vec::new(), Vec::new(), vec![0i32; n]);
+        let mut old_tree: (Vec<i32>, Vec<i64>, Vec<i64>) = Default::default();
         for r in 0..b {
             let base = r * self.pool;
             keys.clear();
             // Pool index grows with depth, so it breaks ties towards the shallower node.
             keys.extend((0..m).map(|g| RankKey::new(self.scores[base + g], 0, g as u32)));
             select_top(&mut keys, n - 1, &mut chosen);
+            let at = parents.len();
             parents.push(-1i32);
             tokens.push(self.root_tokens[r]);
             for (i, &g) in chosen.iter().enumerate() {
@@ -501,6 +521,28 @@ impl DynamicTreeBuilder {
                 parents.push(if p < 0 { 0 } else { node_of[p as usize] });
                 tokens.push(self.tokens[base + g]);
                 pool_index.push(g as i64);
+            }
+            if order == NodeOrder::DepthFirst {
+                // Siblings are one draft step's candidates of one parent, in rank order, so
+                // the preorder puts the draft's best path first.
+                depth_first_order(&parents[at..], &mut dfs, &mut links);
+                for (new, &old) in dfs.iter().enumerate() {
+                    new_of[old as usize] = new as i32;
+                }
+                let pool_at = pool_index.len() - (n - 1);
+                let (old_parents, old_tokens, old_pool) = &mut old_tree;
+                old_parents.clear();
+                old_parents.extend_from_slice(&parents[at..]);
+                old_tokens.clear();
+                old_tokens.extend_from_slice(&tokens[at..]);
+                old_pool.clear();
+                old_pool.extend_from_slice(&pool_index[pool_at..]);
+                for (new, &old) in dfs.iter().enumerate().skip(1) {
+                    let old = old as usize;
+                    parents[at + new] = new_of[old_parents[old] as usize];
+                    tokens[at + new] = old_tokens[old];
+                    pool_index[pool_at + new - 1] = old_pool[old - 1];
+                }
             }
         }
         let offsets: Vec<i64> = (0..=b as i64).map(|i| i * n as i64).collect();
