@@ -245,7 +245,9 @@ class EagleDrafter(_HeadDrafter):
             state.build_seconds += clock() - t0
             features = out.gather(1, io.parent_index.to(dev)[:, :, None].expand_as(out))
         t0 = clock()
-        trees, _ = builder.build()
+        # Depth first: the head's best path is nodes 0, 1, 2, ..., so an accepted prefix of it
+        # needs no KV moves.
+        trees, _ = builder.build("depth_first")
         state.build_seconds += clock() - t0
         return trees
 
@@ -331,15 +333,21 @@ class EagleStaticDrafter(_HeadDrafter):
         *,
         headroom: int = 512,
     ) -> None:
-        self.topology = Tree.from_choices([tuple(c) for c in choices])
+        # `from_choices` checks the paths (and that every prefix is present); the drafter then
+        # numbers the nodes depth first, children by rank: path order, so the head's best
+        # path is nodes 0, 1, 2, ... and when the target accepts (a prefix of) it the
+        # accepted KV entries are already in place and compaction moves nothing.
+        Tree.from_choices([tuple(c) for c in choices])
+        paths = sorted({tuple(int(r) for r in c) for c in choices})
+        node_of = {path: i for i, path in enumerate(paths, 1)}
+        self.topology = Tree(
+            np.array([-1, *(node_of.get(p[:-1], 0) for p in paths)], dtype=np.int32),
+            np.zeros(len(paths) + 1, dtype=np.int64),
+        )
         parents = self.topology.parents
         depths = self.topology.depths
-        n = self.topology.num_nodes
-        # Node i >= 1 is the i-th choice path in (length, path) order, as `from_choices` lays
-        # them out; its rank among its siblings is the path's last entry (a sparse choice
-        # list such as [(1,)] takes the head's second candidate, not its first).
-        paths = sorted({tuple(int(r) for r in c) for c in choices}, key=lambda c: (len(c), c))
-        assert len(paths) == n - 1, "from_choices lays out one node per distinct path"
+        # Node i >= 1 is path i - 1; its rank among its siblings is the path's last entry (a
+        # sparse choice list such as [(1,)] takes the head's second candidate, not its first).
         ranks = np.array([0, *(path[-1] for path in paths)], dtype=np.int64)
         self.parents = np.asarray(parents)
         # Per level t >= 1, fixed by the topology: its nodes, their parents, the distinct
