@@ -4,12 +4,16 @@
 //! (ancestor-or-self over every fed token) and positions of the model; a refused step (NaN or
 //! positive log probabilities, a step past the depth) changes nothing; `build()` returns, per
 //! request, the model's top `budget - 1` candidates (score, then depth, then pool index) as a
-//! tree in pool order, with the candidates' tokens and parents.
+//! tree in pool order, with the candidates' tokens and parents; `build_in(DepthFirst)` the
+//! same candidates, tokens and parents numbered in depth-first preorder, siblings by pool
+//! index (so every subtree is a run of nodes that starts with its lowest-index child). A
+//! twin builder stepped with `start_into` / `expand_into` into buffers with room for every
+//! level (junk bytes in them) holds each step too, zeros past its width.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
 use ndarray::{Array1, Array2, Array3};
-use specsched_core::topology::dynamic::DynamicTreeBuilder;
+use specsched_core::topology::dynamic::{DynamicTreeBuilder, NodeOrder, Step, StepOut};
 use specsched_fuzz::Bytes;
 
 fn logprob(b: &mut Bytes<'_>) -> f64 {
@@ -21,12 +25,50 @@ fn logprob(b: &mut Bytes<'_>) -> f64 {
     }
 }
 
+/// Caller buffers of the twin builder: `[B, K]` tokens, parents, positions; a `[B, K, stride]`
+/// mask.
+struct Held {
+    ints: [Vec<i64>; 3],
+    mask: Vec<u8>,
+    stride: usize,
+}
+
+impl Held {
+    fn out(&mut self) -> StepOut<'_, u8> {
+        let [tokens, parent_index, positions] = &mut self.ints;
+        StepOut {
+            tokens,
+            parent_index,
+            positions,
+            mask: &mut self.mask,
+            mask_stride: self.stride,
+        }
+    }
+
+    fn assert_holds(&self, s: &Step) {
+        assert_eq!(
+            self.ints,
+            [&s.tokens, &s.parent_index, &s.positions].map(|v| v.clone())
+        );
+        for (row, got) in s.mask.chunks(s.width).zip(self.mask.chunks(self.stride)) {
+            assert!(row.iter().zip(got).all(|(&w, &g)| u8::from(w) == g));
+            assert!(got[s.width..].iter().all(|&g| g == 0));
+        }
+    }
+}
+
 fuzz_target!(|data: &[u8]| {
     let mut b = Bytes::new(data);
     let (bs, k, depth) = (1 + b.below(2), 1 + b.below(3), 1 + b.below(4));
     let budget = 1 + b.below(k + (depth - 1) * k * k + 2);
     let Ok(mut d) = DynamicTreeBuilder::new(bs, k, depth, budget) else {
         return;
+    };
+    let mut twin = d.clone();
+    let mut held = Held {
+        ints: [vec![-7; bs * k], vec![-7; bs * k], vec![-7; bs * k]],
+        mask: vec![0xA5; bs * k * depth * k],
+        stride: depth * k,
     };
     let root = Array1::from_shape_fn(bs, |r| 1000 + r as i64);
     // Model pool per request: (score, token, parent pool index or -1, depth).
@@ -43,7 +85,10 @@ fuzz_target!(|data: &[u8]| {
         let valid = lp.iter().all(|&x| x <= 0.0);
         let r = d.start(root.view(), tk.view(), lp.view(), &prefix);
         assert_eq!(r.is_ok(), valid, "start with {lp:?}");
+        let t = twin.start_into(root.view(), tk.view(), lp.view(), &prefix, held.out());
+        assert_eq!(t.is_ok(), valid);
         let Ok(step) = r else { continue };
+        held.assert_holds(&step);
         for r in 0..bs {
             for c in 0..k {
                 pool[r].push((lp[(r, c)], tk[(r, c)], -1, 1));
@@ -66,7 +111,12 @@ fuzz_target!(|data: &[u8]| {
         let valid = lp.iter().all(|&x| x <= 0.0) && level < depth;
         let r = d.expand(tk.view(), lp.view());
         assert_eq!(r.is_ok(), valid);
+        assert_eq!(
+            twin.expand_into(tk.view(), lp.view(), held.out()).is_ok(),
+            valid
+        );
         let Ok(step) = r else { continue };
+        held.assert_holds(&step);
         let base = k + (level - 1) * k * k;
         let w = (level + 1) * k;
         assert_eq!(step.width, w);
@@ -142,6 +192,36 @@ fuzz_target!(|data: &[u8]| {
                 assert!(tp >= 1, "the selection is ancestor-closed");
                 assert_eq!(want[tp as usize - 1], parent);
             }
+        }
+    }
+    let (dfs, dfs_index) = d.build_in(NodeOrder::DepthFirst).expect("pool order built");
+    for r in 0..bs {
+        let t = dfs.tree(r);
+        let idx = &dfs_index[r * (n - 1)..(r + 1) * (n - 1)];
+        let mut same = idx.to_vec();
+        same.sort_unstable();
+        assert_eq!(same, &pool_index[r * (n - 1)..(r + 1) * (n - 1)]);
+        // Pool index of each node (-1 = root): tokens and parents follow their candidates.
+        let g_of = |v: usize| if v == 0 { -1 } else { idx[v - 1] };
+        let mut size = vec![1usize; n];
+        for v in (1..n).rev() {
+            let g = g_of(v) as usize;
+            assert_eq!(t.tokens[v], pool[r][g].1);
+            let tp = t.parents[v] as usize;
+            assert_eq!(g_of(tp), pool[r][g].2);
+            size[tp] += size[v];
+        }
+        for v in 0..n {
+            let kids: Vec<usize> = t.children(v).collect();
+            // Preorder: the first child follows its parent, each next sibling follows the
+            // previous sibling's subtree, and siblings keep pool (rank) order.
+            let mut at = v + 1;
+            for &c in &kids {
+                assert_eq!(c, at, "request {r}: node {v}'s children {kids:?}");
+                at += size[c];
+            }
+            assert_eq!(at, v + size[v]);
+            assert!(kids.windows(2).all(|w| g_of(w[0]) < g_of(w[1])));
         }
     }
 });
