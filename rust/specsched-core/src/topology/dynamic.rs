@@ -501,47 +501,51 @@ impl DynamicTreeBuilder {
         let mut keys: Vec<RankKey> = Vec::with_capacity(m);
         let mut chosen = Vec::with_capacity(n - 1);
         let mut node_of = vec![0i32; m];
-        // Depth-first reordering's scratch: the preorder, its links, each node's new index and
-        // the request's tree as selected.
-        let (mut dfs, mut links, mut new_of) = (Vec::new(), Vec::new(), vec![0i32; n]);
-        let mut old_tree: (Vec<i32>, Vec<i64>, Vec<i64>) = Default::default();
+        // One request's tree in pool order (parents, tokens, pool index of each draft node),
+        // then appended in `order`; the preorder's scratch.
+        let (mut tree_parents, mut tree_tokens) = (Vec::with_capacity(n), Vec::with_capacity(n));
+        let mut tree_index = Vec::with_capacity(n - 1);
+        let (mut dfs, mut links, mut new_of) = (Vec::with_capacity(n), Vec::new(), vec![0i32; n]);
         for r in 0..b {
             let base = r * self.pool;
             keys.clear();
             // Pool index grows with depth, so it breaks ties towards the shallower node.
             keys.extend((0..m).map(|g| RankKey::new(self.scores[base + g], 0, g as u32)));
             select_top(&mut keys, n - 1, &mut chosen);
-            let at = parents.len();
-            parents.push(-1i32);
-            tokens.push(self.root_tokens[r]);
+            tree_parents.clear();
+            tree_tokens.clear();
+            tree_index.clear();
+            tree_parents.push(-1i32);
+            tree_tokens.push(self.root_tokens[r]);
             for (i, &g) in chosen.iter().enumerate() {
                 let g = g as usize;
                 node_of[g] = i as i32 + 1;
                 let p = self.parents[base + g];
-                parents.push(if p < 0 { 0 } else { node_of[p as usize] });
-                tokens.push(self.tokens[base + g]);
-                pool_index.push(g as i64);
+                tree_parents.push(if p < 0 { 0 } else { node_of[p as usize] });
+                tree_tokens.push(self.tokens[base + g]);
+                tree_index.push(g as i64);
             }
-            if order == NodeOrder::DepthFirst {
-                // Siblings are one draft step's candidates of one parent, in rank order, so
-                // the preorder puts the draft's best path first.
-                depth_first_order(&parents[at..], &mut dfs, &mut links);
-                for (new, &old) in dfs.iter().enumerate() {
-                    new_of[old as usize] = new as i32;
+            match order {
+                NodeOrder::Pool => {
+                    parents.extend_from_slice(&tree_parents);
+                    tokens.extend_from_slice(&tree_tokens);
+                    pool_index.extend_from_slice(&tree_index);
                 }
-                let pool_at = pool_index.len() - (n - 1);
-                let (old_parents, old_tokens, old_pool) = &mut old_tree;
-                old_parents.clear();
-                old_parents.extend_from_slice(&parents[at..]);
-                old_tokens.clear();
-                old_tokens.extend_from_slice(&tokens[at..]);
-                old_pool.clear();
-                old_pool.extend_from_slice(&pool_index[pool_at..]);
-                for (new, &old) in dfs.iter().enumerate().skip(1) {
-                    let old = old as usize;
-                    parents[at + new] = new_of[old_parents[old] as usize];
-                    tokens[at + new] = old_tokens[old];
-                    pool_index[pool_at + new - 1] = old_pool[old - 1];
+                NodeOrder::DepthFirst => {
+                    // Siblings are one draft step's candidates of one parent, in rank order,
+                    // so the preorder puts the draft's best path first.
+                    depth_first_order(&tree_parents, &mut dfs, &mut links);
+                    for (new, &old) in dfs.iter().enumerate() {
+                        new_of[old as usize] = new as i32;
+                    }
+                    parents.push(-1);
+                    tokens.push(tree_tokens[0]);
+                    for &old in &dfs[1..] {
+                        let old = old as usize;
+                        parents.push(new_of[tree_parents[old] as usize]);
+                        tokens.push(tree_tokens[old]);
+                        pool_index.push(tree_index[old - 1]);
+                    }
                 }
             }
         }
