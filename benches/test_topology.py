@@ -16,8 +16,9 @@ in reasonable time, and the vectorized peer a serving engineer would write:
 - "dynamic B={1,64} K=8 depth=6 budget=64": `DynamicTreeBuilder` start + 5 expands + build,
   vs the reference class and a batched torch formulation in the style of EAGLE's
   `topK_genrate` bookkeeping (topk over K² children, gathered mask rows, final rerank).
-  `rust_in_place` is the decode loop's form: one builder per batch, each level's top-k copied
-  into its `buffers` (in the timer) and `start_in_place` / `expand_in_place` writing there.
+  `rust_in_place` is the decode loop's form: one builder per batch, the roots and each level's
+  top-k copied into its `buffers` (in the timer) and `start_in_place` / `expand_in_place`
+  writing there.
 Every contender's result is checked against Rust's after timing.
 """
 
@@ -222,7 +223,8 @@ def rust_dynamic(batch, roots, tok0, lp0, steps):
 def rust_dynamic_in_place(b, roots, tok0, lp0, steps):
     buf = b.buffers
     buf.topk_tokens[:, 0], buf.topk_logprobs[:, 0] = tok0, lp0
-    b.start_in_place(roots)
+    buf.root_tokens[:] = roots
+    b.start_in_place()
     for tok, lp in steps:
         buf.topk_tokens[:], buf.topk_logprobs[:] = tok, lp
         b.expand_in_place()

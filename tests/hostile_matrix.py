@@ -821,41 +821,29 @@ def builder_cases() -> None:
         lambda: started().expand(np.zeros((1, 2, 2), np.int64), np.full((1, 2, 2), np.nan)),
     )
 
-    def staged(logprobs: np.ndarray) -> Any:
-        """A builder whose buffers hold `logprobs` (`[1, 2, 2]`) and zero tokens."""
+    def staged(logprobs: np.ndarray, prefix: int = 0) -> Any:
+        """A builder whose buffers hold `logprobs` (`[1, 2, 2]`), prefix length `prefix` and
+        zero tokens."""
         b = fresh()
         b.buffers.topk_logprobs[:] = logprobs
+        b.buffers.prefix_lens[:] = prefix
         return b
 
     fn = "DynamicTreeBuilder.start_in_place"
-    bad(fn, "buffers never read", ValueError, "buffers", lambda: fresh().start_in_place(root))
+    bad(fn, "buffers never read", ValueError, "buffers", lambda: fresh().start_in_place())
     bad(
         fn,
-        "wrong batch",
-        ValueError,
-        "root_tokens",
-        lambda: staged(np.full((1, 2, 2), -1.0)).start_in_place(np.array([1, 2])),
-    )
-    bad(
-        fn,
-        "negative prefix",
+        "negative prefix in buffers",
         ValueError,
         "prefix_lens",
-        lambda: staged(np.full((1, 2, 2), -1.0)).start_in_place(root, np.array([-3])),
-    )
-    bad(
-        fn,
-        "float roots",
-        TypeError,
-        "root_tokens",
-        lambda: staged(np.full((1, 2, 2), -1.0)).start_in_place(root * 1.0),
+        lambda: staged(np.full((1, 2, 2), -1.0), prefix=-3).start_in_place(),
     )
     bad(
         fn,
         "NaN logprob in buffers",
         ValueError,
         "topk_logprobs",
-        lambda: staged(np.full((1, 2, 2), np.nan)).start_in_place(root),
+        lambda: staged(np.full((1, 2, 2), np.nan)).start_in_place(),
     )
     fn = "DynamicTreeBuilder.expand_in_place"
     bad(
@@ -868,7 +856,7 @@ def builder_cases() -> None:
 
     def started_in_place(logprobs: float) -> Any:
         b = staged(np.full((1, 2, 2), -1.0))
-        b.start_in_place(root)
+        b.start_in_place()
         b.buffers.topk_logprobs[:] = logprobs
         return b
 

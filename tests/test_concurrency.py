@@ -179,7 +179,7 @@ def _big_inputs() -> dict[str, Callable[[], Any]]:
     buf.topk_logprobs[:] = -rng.exponential(size=buf.topk_logprobs.shape)
 
     def draft_level_in_place() -> None:
-        drafting.start_in_place(np.zeros(4096, np.int64))
+        drafting.start_in_place()
         drafting.expand_in_place()
 
     return {
@@ -268,7 +268,7 @@ def test_builder_buffers_in_use_are_refused_not_raced() -> None:
     buf = drafting.buffers
     buf.topk_tokens[:] = rng.integers(0, 1 << 40, buf.topk_tokens.shape)
     buf.topk_logprobs[:] = -rng.exponential(size=buf.topk_logprobs.shape)
-    drafting.start_in_place(np.zeros(b, np.int64))
+    drafting.start_in_place()
     level1 = buf.tokens.reshape(-1).copy()
     drafting.expand_in_place()
     level2 = buf.tokens.reshape(-1).copy()
@@ -282,7 +282,7 @@ def test_builder_buffers_in_use_are_refused_not_raced() -> None:
     def write() -> None:
         while not done.is_set():
             try:
-                drafting.start_in_place(np.zeros(b, np.int64))
+                drafting.start_in_place()
                 drafting.expand_in_place()
             except ValueError as e:
                 assert "in use" in str(e)
@@ -310,7 +310,7 @@ def test_builder_buffers_in_use_are_refused_not_raced() -> None:
     assert sum(refused.values()) > 0, "the reader and the writer never met"
     assert reads >= 3
     # Every borrow was released: both calls run again.
-    drafting.start_in_place(np.zeros(b, np.int64))
+    drafting.start_in_place()
     drafting.expand_in_place()
     got = ss.verify(roots, target_tokens=buf.tokens.reshape(-1)).tokens[:, 0]
     assert np.array_equal(got, level2)

@@ -174,7 +174,7 @@ def in_place_step(builder):
     st.sampled_from([np.int32, np.int64]),
 )
 def test_dynamic_builder_in_place_matches_reference(batch, topk, depth, data, idt):
-    """`start_in_place` / `expand_in_place` read the top-k the caller wrote into `buffers`
+    """`start_in_place` / `expand_in_place` read the inputs the caller wrote into `buffers`
     and write the reference's steps there; `build` is the reference's too. The same builder
     then drafts a second tree (of another depth) as a fresh reference does."""
     budget, rng = drawn_budget_and_rng(data, topk, depth)
@@ -187,7 +187,8 @@ def test_dynamic_builder_in_place_matches_reference(batch, topk, depth, data, id
         tok, lp = random_step(rng, (batch, topk))
         prefix = rng.integers(0, 9, size=batch)
         buf.topk_tokens[:, 0], buf.topk_logprobs[:, 0] = tok, lp
-        rust.start_in_place(roots.astype(idt), prefix.astype(idt))
+        buf.root_tokens[:], buf.prefix_lens[:] = roots.astype(idt), prefix.astype(idt)
+        rust.start_in_place()
         want = oracle.start(roots.tolist(), tok.tolist(), lp.tolist(), prefix.tolist())
         assert as_lists(in_place_step(rust)) == [list(w) for w in want]
         for _ in range(levels - 1):
@@ -208,8 +209,8 @@ def test_dynamic_builder_in_place_matches_reference(batch, topk, depth, data, id
 
 
 def test_dynamic_builder_start_takes_prefix_lens_as_before():
-    """`start` / `start_in_place` read `prefix_lens` as an int (Python, numpy scalar, 0-d
-    array, bool) for every request or an int32 / int64 / uint32 array, one per request."""
+    """`start` reads `prefix_lens` as an int (Python, numpy scalar, 0-d array, bool) for every
+    request or an int32 / int64 / uint32 array, one per request."""
     lp = np.array([[-0.5, -1.0], [-0.25, -2.0]])
     for prefix, want in [
         (None, [1, 1]),
@@ -224,10 +225,6 @@ def test_dynamic_builder_start_takes_prefix_lens_as_before():
         returned = ss.DynamicTreeBuilder(2, 2, 2, 3)
         positions = returned.start([1, 2], [[1, 2], [3, 4]], lp, prefix)[3]
         assert positions[:, 0].tolist() == want, prefix
-        kept = ss.DynamicTreeBuilder(2, 2, 2, 3)
-        kept.buffers.topk_logprobs[:, 0] = lp
-        kept.start_in_place([1, 2], prefix)
-        assert kept.buffers.positions[:, 0].tolist() == want, prefix
     with pytest.raises(TypeError, match="prefix_lens"):
         ss.DynamicTreeBuilder(2, 2, 2, 3).start([1, 2], [[1, 2], [3, 4]], lp, [1.5, 2.0])
 
@@ -252,7 +249,8 @@ def test_dynamic_builder_buffers_are_one_block_reused_without_allocation():
     rng = np.random.default_rng(0)
     tok, lp = random_step(rng, (b, k, k))
     buf.topk_tokens[:], buf.topk_logprobs[:] = tok, lp
-    builders[0].start_in_place(np.arange(b))
+    buf.root_tokens[:] = np.arange(b)
+    builders[0].start_in_place()
     builders[1].start(np.arange(b), tok[:, 0], lp[:, 0])
     peaks = []
     for run in (builders[0].expand_in_place, lambda: builders[1].expand(tok, lp)):
@@ -341,20 +339,21 @@ def test_dynamic_builder_refuses_a_mask_too_large_before_allocating():
 def test_dynamic_builder_in_place_bad_input():
     b = ss.DynamicTreeBuilder(2, 2, 2, 3)
     with pytest.raises(ValueError, match="buffers"):
-        b.start_in_place([1, 2])
+        b.start_in_place()
     buf = b.buffers
     buf.topk_logprobs[:] = -1.0
     with pytest.raises(ValueError, match="start"):
         b.expand_in_place()
-    with pytest.raises(ValueError, match="root_tokens: expected 2 entries"):
-        b.start_in_place([1, 2, 3])
+    buf.prefix_lens[:] = [0, -1]
     with pytest.raises(ValueError, match=r"prefix_lens\[1\] = -1"):
-        b.start_in_place([1, 2], [0, -1])
+        b.start_in_place()
+    buf.prefix_lens[:] = 4
     buf.topk_logprobs[1, 0, 1] = 0.5
     with pytest.raises(ValueError, match=r"topk_logprobs\[1, 1\] = 0.5"):
-        b.start_in_place([1, 2])
+        b.start_in_place()
     buf.topk_logprobs[1, 0, 1] = -1.0
-    b.start_in_place([1, 2], 4)
+    b.start_in_place()
+    assert buf.positions.tolist() == [[5, 5], [5, 5]]
     step = [a.copy() for a in in_place_step(b)]
     buf.topk_logprobs[0, 1, 0] = np.nan
     with pytest.raises(ValueError, match=r"topk_logprobs\[0, 1, 0\] = NaN"):

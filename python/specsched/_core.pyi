@@ -379,17 +379,22 @@ class DynamicTreeBuilder:
     @property
     def buffers(self) -> DraftBuffers:
         """Persistent buffers (made on first use) for `start_in_place` / `expand_in_place`."""
-    def start_in_place(
-        self, root_tokens: npt.ArrayLike, prefix_lens: npt.ArrayLike | int | None = None
-    ) -> None:
-        """`start` from `buffers.topk_tokens[:, 0]` / `topk_logprobs[:, 0]`, into `buffers`."""
+    def start_in_place(self) -> None:
+        """`start` from `buffers` (roots, prefix lengths, the root's top-k), into `buffers`."""
     def expand_in_place(self) -> None:
         """`expand` from `buffers.topk_tokens` / `buffers.topk_logprobs`, into `buffers`."""
 
 @final
 class DraftBuffers:
-    """A `DynamicTreeBuilder`'s persistent numpy buffers (views of one block): the draft's
-    top-k goes in, each step comes out, overwritten by the next in-place call."""
+    """A `DynamicTreeBuilder`'s persistent numpy buffers (views of one block): roots, prefix
+    lengths and the draft's top-k go in, each step comes out, overwritten by the next call."""
+
+    @property
+    def root_tokens(self) -> npt.NDArray[np.int64]:
+        """int64 `[B]`: each request's root token (read by `start_in_place`)."""
+    @property
+    def prefix_lens(self) -> npt.NDArray[np.int64]:
+        """int64 `[B]`: tokens committed before each root (read by `start_in_place`)."""
 
     @property
     def topk_tokens(self) -> npt.NDArray[np.int64]:

@@ -221,12 +221,17 @@ class EagleDrafter(_HeadDrafter):
         clock = time.perf_counter
         dev = state.device
         root_out = state.feed_pending()
-        # The draft's top-k goes straight into the builder's buffers (the root's into slot 0):
-        # that write is the drafter's cost; the builder's starts at t0.
+        # The roots, their positions and the draft's top-k go straight into the builder's
+        # buffers (the root's top-k into slot 0): those writes are the drafter's cost; the
+        # builder's starts at t0.
+        np.copyto(io.root_tokens, roots)
+        if dev.type == "cpu":
+            torch.sub(state.lengths, 1, out=io.prefix_lens)
+        else:
+            io.prefix_lens.copy_(state.lengths - 1)
         io.put_topk(state.draft_logprobs(root_out), k, slot=0)
-        root_positions = (state.lengths - 1).cpu().numpy()
         t0 = clock()
-        builder.start_in_place(roots, root_positions)
+        builder.start_in_place()
         state.build_seconds += clock() - t0
         features = root_out[:, None].expand(-1, k, -1)
         slots = torch.arange(k, device=dev)
@@ -259,6 +264,8 @@ class _BuilderIO:
 
     def __init__(self, builder: DynamicTreeBuilder) -> None:
         buf = builder.buffers
+        self.root_tokens = buf.root_tokens  # written from the loop's numpy roots
+        self.prefix_lens = torch.from_numpy(buf.prefix_lens)
         self.topk_tokens = torch.from_numpy(buf.topk_tokens)
         self.topk_logprobs = torch.from_numpy(buf.topk_logprobs)
         self.tokens = torch.from_numpy(buf.tokens)

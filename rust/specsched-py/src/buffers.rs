@@ -26,6 +26,8 @@ pub struct Layout {
 
 /// One step's view of the block: inputs the caller wrote, outputs the builder writes.
 pub struct Parts<'a> {
+    pub root_tokens: &'a [i64],
+    pub prefix_lens: &'a [i64],
     pub topk_tokens: &'a [i64],
     pub topk_logprobs: &'a [f32],
     pub tokens: &'a mut [i64],
@@ -45,9 +47,11 @@ impl Layout {
 
     /// `(name, dtype, shape, bytes)` of each field, in block order. The builder bounds
     /// `batch · topk · depth · topk`, so no product here overflows.
-    fn fields(&self) -> [(&'static str, &'static str, Vec<usize>, usize); 6] {
+    fn fields(&self) -> [(&'static str, &'static str, Vec<usize>, usize); 8] {
         let (b, k, w) = (self.batch, self.topk, self.mask_stride);
         [
+            ("root_tokens", "int64", vec![b], 8 * b),
+            ("prefix_lens", "int64", vec![b], 8 * b),
             ("topk_tokens", "int64", vec![b, k, k], 8 * b * k * k),
             ("tokens", "int64", vec![b, k], 8 * b * k),
             ("parent_index", "int64", vec![b, k], 8 * b * k),
@@ -69,15 +73,19 @@ impl Layout {
         if block.len() != self.bytes() {
             return Err(internal("length"));
         }
-        let [tt, tok, par, pos, lp, _] = self.fields().map(|f| f.3);
-        let (ints, rest) = block.split_at_mut(tt + tok + par + pos);
+        let [root, pre, tt, tok, par, pos, lp, _] = self.fields().map(|f| f.3);
+        let (ints, rest) = block.split_at_mut(root + pre + tt + tok + par + pos);
         let (lp, mask) = rest.split_at_mut(lp);
         let ints: &mut [i64] = bytemuck::try_cast_slice_mut(ints).map_err(|_| internal("int64"))?;
         let lp: &[f32] = bytemuck::try_cast_slice(lp).map_err(|_| internal("float32"))?;
+        let (root_tokens, ints) = ints.split_at_mut(root / 8);
+        let (prefix_lens, ints) = ints.split_at_mut(pre / 8);
         let (topk_tokens, ints) = ints.split_at_mut(tt / 8);
         let (tokens, ints) = ints.split_at_mut(tok / 8);
         let (parent_index, positions) = ints.split_at_mut(par / 8);
         Ok(Parts {
+            root_tokens,
+            prefix_lens,
             topk_tokens,
             topk_logprobs: lp,
             tokens,
@@ -89,13 +97,16 @@ impl Layout {
 }
 
 /// The buffers of one `DynamicTreeBuilder` (its `buffers` attribute), numpy views of one
-/// block: write the draft's top-k into `topk_tokens` / `topk_logprobs`, call
-/// `start_in_place` / `expand_in_place`, read the step from the other four. Each call
+/// block: write the roots, prefix lengths and the draft's top-k into `root_tokens`,
+/// `prefix_lens`, `topk_tokens` / `topk_logprobs`, call `start_in_place` / `expand_in_place`,
+/// read the step from the other four. Each call
 /// overwrites the step outputs, as a CUDA-graph runner's static buffers are.
 #[pyclass(module = "specsched", name = "DraftBuffers", frozen)]
 pub struct PyDraftBuffers {
     pub block: Py<PyArray1<u8>>,
     pub layout: Layout,
+    root_tokens: Py<PyAny>,
+    prefix_lens: Py<PyAny>,
     topk_tokens: Py<PyAny>,
     topk_logprobs: Py<PyAny>,
     tokens: Py<PyAny>,
@@ -108,7 +119,7 @@ impl PyDraftBuffers {
     pub fn new(py: Python<'_>, layout: Layout) -> PyResult<Self> {
         // A failed allocation is numpy's MemoryError (the builder bounds the size).
         let block = zeros::<u8>(py, &[layout.bytes()])?.cast_into::<PyArray1<u8>>()?;
-        let mut views = Vec::with_capacity(6);
+        let mut views = Vec::with_capacity(8);
         let mut at = 0isize;
         for (_, dtype, shape, bytes) in layout.fields() {
             let end = at + bytes as isize;
@@ -120,15 +131,16 @@ impl PyDraftBuffers {
             views.push(view.unbind());
             at = end;
         }
-        let [topk_tokens, tokens, parent_index, positions, topk_logprobs, attention_mask]: [Py<
-            PyAny,
-        >;
-            6] = views
+        let views: [Py<PyAny>; 8] = views
             .try_into()
             .map_err(|_| PyValueError::new_err("buffers: internal layout error"))?;
+        let [root_tokens, prefix_lens, topk_tokens, tokens, parent_index, positions, topk_logprobs, attention_mask] =
+            views;
         Ok(PyDraftBuffers {
             block: block.unbind(),
             layout,
+            root_tokens,
+            prefix_lens,
             topk_tokens,
             topk_logprobs,
             tokens,
@@ -141,6 +153,16 @@ impl PyDraftBuffers {
 
 #[pymethods]
 impl PyDraftBuffers {
+    /// int64 `[B]`: each request's root (its last committed token), read by `start_in_place`.
+    #[getter]
+    fn root_tokens(&self, py: Python<'_>) -> Py<PyAny> {
+        self.root_tokens.clone_ref(py)
+    }
+    /// int64 `[B]`: tokens committed before each root (>= 0), read by `start_in_place`.
+    #[getter]
+    fn prefix_lens(&self, py: Python<'_>) -> Py<PyAny> {
+        self.prefix_lens.clone_ref(py)
+    }
     /// int64 `[B, K, K]`: the draft's top-k tokens of each frontier slot (`start_in_place`
     /// reads `[:, 0, :]`, the root's).
     #[getter]

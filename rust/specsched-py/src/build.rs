@@ -218,8 +218,8 @@ impl PyDynamicTreeBuilder {
     fn in_place(&mut self, call: &str) -> PyResult<(&mut DynamicTreeBuilder, &PyDraftBuffers)> {
         let bufs = self.buffers.as_ref().ok_or_else(|| {
             PyValueError::new_err(format!(
-                "{call}: reads the draft's top-k from the builder's `buffers`: get them and \
-                 write into buffers.topk_tokens / buffers.topk_logprobs first"
+                "{call}: reads its inputs from the builder's `buffers`: get them and write \
+                 the roots, prefix lengths and the draft's top-k into them first"
             ))
         })?;
         Ok((&mut self.inner, bufs.get()))
@@ -340,26 +340,19 @@ impl PyDynamicTreeBuilder {
         Ok(b)
     }
 
-    /// `start` reading the root's top-k from `buffers.topk_tokens[:, 0]` /
-    /// `buffers.topk_logprobs[:, 0]` and writing the step into `buffers`.
-    #[pyo3(signature = (root_tokens, prefix_lens=None))]
-    fn start_in_place(
-        &mut self,
-        py: Python<'_>,
-        root_tokens: &Bound<'_, PyAny>,
-        prefix_lens: Option<&Bound<'_, PyAny>>,
-    ) -> PyResult<()> {
+    /// `start` reading the roots, prefix lengths and the root's top-k from `buffers`
+    /// (`root_tokens`, `prefix_lens`, `topk_tokens[:, 0]`, `topk_logprobs[:, 0]`) and writing
+    /// the step into `buffers`.
+    fn start_in_place(&mut self, py: Python<'_>) -> PyResult<()> {
         let (b, k) = (self.inner.batch(), self.inner.topk());
-        let r = i64_array(root_tokens, "root_tokens", 1)?;
-        let rv = fixed(r.view(), "root_tokens")?;
-        let prefix = prefix_arg(prefix_lens, b)?;
         let (inner, bufs) = self.in_place("start_in_place")?;
         let mut block = bufs.block.bind(py).try_readwrite().map_err(in_use)?;
         let mut parts = bufs.layout.split(block.as_slice_mut()?)?;
         let (tt, lp) = topk_views(&parts, b, k)?;
         let (tt, lp) = (tt.slice_move(s![.., 0, ..]), lp.slice_move(s![.., 0, ..]));
+        let (roots, prefix) = (ArrayView1::from(parts.root_tokens), parts.prefix_lens);
         let out = step_out(&mut parts, bufs.layout.mask_stride);
-        py.detach(|| inner.start_into(rv, tt, lp, &prefix, out))
+        py.detach(|| inner.start_into(roots, tt, lp, prefix, out))
             .py()
     }
 
