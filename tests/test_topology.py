@@ -117,14 +117,12 @@ def as_lists(step):
     return [np.asarray(a).tolist() for a in step]
 
 
+# (batch, topk, depth, data) of the builder tests.
+BUILDER_DRAWS = (st.integers(1, 3), st.integers(1, 3), st.integers(1, 4), st.data())
+
+
 @settings(max_examples=60, deadline=None)
-@given(
-    st.integers(1, 3),
-    st.integers(1, 3),
-    st.integers(1, 4),
-    st.data(),
-    st.sampled_from([np.float32, np.float64]),
-)
+@given(*BUILDER_DRAWS, st.sampled_from([np.float32, np.float64]))
 def test_dynamic_builder_matches_reference(batch, topk, depth, data, fdt):
     budget, rng = drawn_budget_and_rng(data, topk, depth)
     steps = data.draw(st.integers(1, depth))
@@ -166,13 +164,7 @@ def in_place_step(builder):
 
 
 @settings(max_examples=60, deadline=None)
-@given(
-    st.integers(1, 3),
-    st.integers(1, 3),
-    st.integers(1, 4),
-    st.data(),
-    st.sampled_from([np.int32, np.int64]),
-)
+@given(*BUILDER_DRAWS, st.sampled_from([np.int32, np.int64]))
 def test_dynamic_builder_in_place_matches_reference(batch, topk, depth, data, idt):
     """`start_in_place` / `expand_in_place` read the inputs the caller wrote into `buffers`
     and write the reference's steps there; `build` is the reference's too. The same builder
