@@ -3,7 +3,7 @@
 //! releases the GIL and calls one core function.
 
 use ndarray::{s, ArrayView1, ArrayView3};
-use numpy::{PyArray1, PyArrayDyn, PyArrayMethods, PyUntypedArray, PyUntypedArrayMethods};
+use numpy::{PyArray1, PyArrayDyn, PyArrayMethods};
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
@@ -12,7 +12,7 @@ use specsched_core::topology::dynamic::{DynamicTreeBuilder, NodeOrder, Step, Ste
 use specsched_core::topology::{self, sequoia};
 
 use crate::buffers::{Layout, Parts, PyDraftBuffers};
-use crate::convert::{owned, type_name, IntoPyResult};
+use crate::convert::{owned, scalar_int, type_name, IntoPyResult};
 use crate::ndconv::{f64_vec, fixed, float_array, i64_array, with_float_view};
 use crate::tree::{PyTree, PyTreeBatch};
 
@@ -164,13 +164,8 @@ fn prefix_arg(prefix_lens: Option<&Bound<'_, PyAny>>, b: usize) -> PyResult<Vec<
     let Some(p) = prefix_lens else {
         return Ok(vec![0; b]);
     };
-    // An array goes straight to the array path: as an int it would have numpy raise (and
-    // format) a TypeError on every call, which costs µs right after a model forward.
-    let is_array = p.cast::<PyUntypedArray>().is_ok_and(|a| a.ndim() > 0);
-    if !is_array {
-        if let Ok(x) = p.extract::<i64>() {
-            return Ok(vec![x; b]);
-        }
+    if let Some(x) = scalar_int(p) {
+        return Ok(vec![x; b]);
     }
     Ok(i64_array(p, "prefix_lens", 1)?
         .view()
@@ -214,7 +209,7 @@ fn step_arrays(py: Python<'_>, b: usize, k: usize, s: Step) -> PyResult<StepArra
 
 impl PyDynamicTreeBuilder {
     /// The builder state and its buffers for an in-place call, which needs the buffers read
-    /// (the caller writes the top-k into them) first.
+    /// (the caller writes the inputs into them) first.
     fn in_place(&mut self, call: &str) -> PyResult<(&mut DynamicTreeBuilder, &PyDraftBuffers)> {
         let bufs = self.buffers.as_ref().ok_or_else(|| {
             PyValueError::new_err(format!(

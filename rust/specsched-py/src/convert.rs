@@ -177,6 +177,22 @@ pub enum PerRequest {
     Each(Vec<i64>),
 }
 
+/// A numpy array of one or more dimensions (no conversion tried).
+fn is_array(obj: &Bound<'_, PyAny>) -> bool {
+    obj.cast::<PyUntypedArray>().is_ok_and(|a| a.ndim() > 0)
+}
+
+/// `obj` as one int64 when it is one (a Python or numpy int, a 0-d int array, a bool), else
+/// None. An array of one or more dimensions is None without trying it as an int: numpy would
+/// raise (and format) a TypeError, which costs µs on every call right after a model forward,
+/// where a decode loop passes its lengths.
+pub fn scalar_int(obj: &Bound<'_, PyAny>) -> Option<i64> {
+    if is_array(obj) {
+        return None;
+    }
+    obj.extract::<i64>().ok()
+}
+
 impl PerRequest {
     pub fn extract(obj: &Bound<'_, PyAny>, arg: &str) -> PyResult<PerRequest> {
         if obj.is_instance_of::<pyo3::types::PyBool>() {
@@ -184,21 +200,15 @@ impl PerRequest {
                 "{arg}: expected an int or a 1-D int array, got bool"
             )));
         }
-        // An array of one or more dimensions goes straight to the array path: trying it as an
-        // int first would have numpy raise (and format) a TypeError for every call, which
-        // costs µs right after a model forward, where a decode loop calls this.
-        let is_array = obj.cast::<PyUntypedArray>().is_ok_and(|a| a.ndim() > 0);
-        if !is_array {
-            if let Ok(p) = obj.extract::<i64>() {
-                return Ok(PerRequest::All(p));
-            }
+        if let Some(p) = scalar_int(obj) {
+            return Ok(PerRequest::All(p));
         }
         if obj.is_instance_of::<pyo3::types::PyInt>() {
             return Err(PyValueError::new_err(format!(
                 "{arg}: {obj} does not fit in int64"
             )));
         }
-        if !is_array && as_ndarray(obj, arg)?.ndim() == 0 {
+        if !is_array(obj) && as_ndarray(obj, arg)?.ndim() == 0 {
             return Err(PyTypeError::new_err(format!(
                 "{arg}: expected an int or a 1-D int array, got {}",
                 type_name(obj)
