@@ -153,6 +153,7 @@ def tree_cases() -> None:
     bad(fn, "non-int entry", TypeError, "choices", lambda: ss.Tree.from_choices([(0.5,)]))
     bad(fn, "wrong tokens length", ValueError, "tokens", lambda: ss.Tree.from_choices([(0,)], [1]))
     bad(fn, "float tokens", TypeError, "tokens", lambda: ss.Tree.from_choices([(0,)], [1.0, 2.0]))
+    bad(fn, "unknown order", ValueError, "order", lambda: ss.Tree.from_choices([(0,)], order="bfs"))
 
     fn = "TreeBatch.limit_depth"
     cut_batch = ss.TreeBatch([ss.Tree.chain([1, 2, 3]), ss.Tree.chain([4, 5])])

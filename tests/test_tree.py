@@ -196,10 +196,12 @@ def test_chain_from_list() -> None:
 
 
 def _check_from_choices(
-    choices: Sequence[Sequence[int]], tokens: Sequence[int] | None = None
+    choices: Sequence[Sequence[int]],
+    tokens: Sequence[int] | None = None,
+    order: str = "breadth_first",
 ) -> ss.Tree:
-    t = ss.Tree.from_choices(choices) if tokens is None else ss.Tree.from_choices(choices, tokens)
-    want_p, want_t = ref.from_choices(choices, tokens)
+    t = ss.Tree.from_choices(choices, tokens, order=order)
+    want_p, want_t = ref.from_choices(choices, tokens, order)
     assert t.parents.tolist() == want_p
     assert t.tokens.tolist() == want_t
     assert t.depths.tolist() == ref.depths(want_p)
@@ -214,29 +216,34 @@ def _check_from_choices(
     with_tokens=st.booleans(),
     tdtype=st.sampled_from(TOKEN_DTYPES),
     as_lists=st.booleans(),
+    order=st.sampled_from(["breadth_first", "depth_first"]),
 )
 def test_from_choices_matches_reference(
-    parents: list[int], seed: int, with_tokens: bool, tdtype: type, as_lists: bool
+    parents: list[int], seed: int, with_tokens: bool, tdtype: type, as_lists: bool, order: str
 ) -> None:
     rnd = random.Random(seed)
     paths = _choice_paths(parents)
-    order = list(range(1, len(parents)))
-    rnd.shuffle(order)
-    choices: list[Any] = [list(paths[i]) if as_lists else paths[i] for i in order]
+    given = list(range(1, len(parents)))
+    rnd.shuffle(given)
+    choices: list[Any] = [list(paths[i]) if as_lists else paths[i] for i in given]
     node_tokens = [rnd.randrange(1 << 30) for _ in parents]
-    tokens = [node_tokens[0]] + [node_tokens[i] for i in order] if with_tokens else None
+    tokens = [node_tokens[0]] + [node_tokens[i] for i in given] if with_tokens else None
     t = _check_from_choices(
-        choices, None if tokens is None else np.asarray(tokens, dtype=tdtype).tolist()
+        choices, None if tokens is None else np.asarray(tokens, dtype=tdtype).tolist(), order
     )
     if with_tokens:
         # Same via an array of the chosen dtype.
-        assert t == ss.Tree.from_choices(choices, tokens=np.asarray(tokens, dtype=tdtype))
+        as_array = np.asarray(tokens, dtype=tdtype)
+        assert t == ss.Tree.from_choices(choices, tokens=as_array, order=order)
     # Independently of the oracle: the built tree is the original one, renumbered; every
     # node's token is the one given for its choice path (or its rank without tokens).
     new_paths = _choice_paths(t.parents.tolist())
     old_node = {p: i for i, p in enumerate(paths)}
     assert sorted(new_paths) == sorted(paths)
-    assert new_paths == sorted(new_paths, key=lambda c: (len(c), c))
+    if order == "depth_first":
+        assert new_paths == sorted(new_paths)
+    else:
+        assert new_paths == sorted(new_paths, key=lambda c: (len(c), c))
     for node, path in enumerate(new_paths):
         want = node_tokens[old_node[path]] if with_tokens else (path[-1] if path else 0)
         assert t.tokens[node] == want
@@ -250,6 +257,9 @@ def test_from_choices_published_trees(name: str, choices: list[list[int]]) -> No
     random.Random(name).shuffle(tokens)
     _check_from_choices(choices, tokens)
     _check_from_choices([tuple(c) for c in reversed(choices)], tokens)
+    _check_from_choices(choices, tokens, "depth_first")
+    with pytest.raises(ValueError, match="order"):
+        ss.Tree.from_choices(choices, order="bfs")
 
 
 def test_from_choices_permutes_tokens_into_node_order() -> None:

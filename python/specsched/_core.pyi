@@ -59,8 +59,13 @@ class Tree:
     def chain(tokens: npt.ArrayLike) -> Tree:
         """Root plus a linear draft: `tokens[0]` is the root."""
     @staticmethod
-    def from_choices(choices: Any, tokens: npt.ArrayLike | None = None) -> Tree:
-        """A tree from Medusa/EAGLE/vLLM/TensorRT-LLM choice paths, nodes sorted by (len, path)."""
+    def from_choices(
+        choices: Any,
+        tokens: npt.ArrayLike | None = None,
+        order: Literal["breadth_first", "depth_first"] = "breadth_first",
+    ) -> Tree:
+        """A tree from Medusa/EAGLE/vLLM/TensorRT-LLM choice paths, nodes sorted by (len, path)
+        or, depth first, by path."""
     @property
     def num_nodes(self) -> int:
         """Number of nodes N, root included."""

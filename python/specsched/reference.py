@@ -181,11 +181,14 @@ def chain_parents(n: int) -> list[int]:
 
 
 def from_choices(
-    choices: Sequence[Sequence[int]], tokens: Sequence[int] | None = None
+    choices: Sequence[Sequence[int]],
+    tokens: Sequence[int] | None = None,
+    order: str = "breadth_first",
 ) -> tuple[list[int], list[int]]:
     """Build ``(parents, tokens)`` from Medusa/EAGLE-1/vLLM/TRT-LLM choice paths.
 
-    Nodes: root first, then ``sorted(choices, key=lambda c: (len(c), c))``. ``tokens[0]`` is the
+    Nodes: root first, then ``sorted(choices, key=lambda c: (len(c), c))``, or with
+    ``order="depth_first"`` ``sorted(choices)`` (depth-first preorder). ``tokens[0]`` is the
     root's and ``tokens[1 + j]`` belongs to ``choices[j]`` in the order given. Without tokens the
     root's is 0 and every other node's is its choice's last entry.
     """
@@ -210,11 +213,14 @@ def from_choices(
             f"tokens has {len(tokens)} entries, expected len(choices) + 1 = {len(norm) + 1}"
         )
 
-    order = sorted(range(len(norm)), key=lambda j: (len(norm[j]), norm[j]))
+    if order == "depth_first":
+        layout = sorted(range(len(norm)), key=lambda j: norm[j])
+    else:
+        layout = sorted(range(len(norm)), key=lambda j: (len(norm[j]), norm[j]))
     node_of: dict[tuple[int, ...], int] = {}
     parents = [-1]
     out_tokens = [0 if tokens is None else operator.index(tokens[0])]
-    for node, j in enumerate(order, start=1):
+    for node, j in enumerate(layout, start=1):
         c = norm[j]
         node_of[c] = node
         parents.append(0 if len(c) == 1 else node_of[c[:-1]])

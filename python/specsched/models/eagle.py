@@ -340,22 +340,15 @@ class EagleStaticDrafter(_HeadDrafter):
         *,
         headroom: int = 512,
     ) -> None:
-        # `from_choices` checks the paths (and that every prefix is present); the drafter then
-        # numbers the nodes depth first, children by rank: path order, so the head's best
-        # path is nodes 0, 1, 2, ... and when the target accepts (a prefix of) it the
-        # accepted KV entries are already in place and compaction moves nothing.
-        Tree.from_choices([tuple(c) for c in choices])
-        paths = sorted({tuple(int(r) for r in c) for c in choices})
-        node_of = {path: i for i, path in enumerate(paths, 1)}
-        self.topology = Tree(
-            np.array([-1, *(node_of.get(p[:-1], 0) for p in paths)], dtype=np.int32),
-            np.zeros(len(paths) + 1, dtype=np.int64),
-        )
+        # Depth first, children by rank: the head's best path is nodes 0, 1, 2, ..., so when
+        # the target accepts (a prefix of) it the accepted KV entries are already in place and
+        # compaction moves nothing.
+        self.topology = Tree.from_choices([tuple(c) for c in choices], order="depth_first")
         parents = self.topology.parents
         depths = self.topology.depths
-        # Node i >= 1 is path i - 1; its rank among its siblings is the path's last entry (a
-        # sparse choice list such as [(1,)] takes the head's second candidate, not its first).
-        ranks = np.array([0, *(path[-1] for path in paths)], dtype=np.int64)
+        # Without tokens, a node's token is its rank among its siblings (its path's last
+        # entry: a sparse choice list such as [(1,)] takes the head's second candidate).
+        ranks = self.topology.tokens.astype(np.int64)
         self.parents = np.asarray(parents)
         # Per level t >= 1, fixed by the topology: its nodes, their parents, the distinct
         # parents (whose head outputs give the candidates), each node's slot among those

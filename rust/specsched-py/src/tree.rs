@@ -9,7 +9,8 @@ use pyo3::prelude::*;
 use pyo3::types::{PyTuple, PyType};
 
 use specsched_core::layout::{self, packed_words};
-use specsched_core::{topology, Tree, TreeBatch, TreeRef};
+use specsched_core::topology::{self, ChoiceOrder};
+use specsched_core::{Tree, TreeBatch, TreeRef};
 
 use crate::convert::{
     int_array1, output, readonly_view, type_name, with_int_view, writer, zeros, IntoPyResult,
@@ -150,13 +151,24 @@ impl PyTree {
         })
     }
 
-    /// A tree from Medusa / EAGLE / vLLM / TensorRT-LLM choice paths (root implicit).
+    /// A tree from Medusa / EAGLE / vLLM / TensorRT-LLM choice paths (root implicit), nodes
+    /// in `order`: "breadth_first" (by length, then path) or "depth_first" (by path).
     #[staticmethod]
-    #[pyo3(signature = (choices, tokens=None))]
+    #[pyo3(signature = (choices, tokens=None, order="breadth_first"))]
     fn from_choices(
         choices: &Bound<'_, PyAny>,
         tokens: Option<&Bound<'_, PyAny>>,
+        order: &str,
     ) -> PyResult<Self> {
+        let layout = match order {
+            "breadth_first" => ChoiceOrder::BreadthFirst,
+            "depth_first" => ChoiceOrder::DepthFirst,
+            o => {
+                return Err(PyValueError::new_err(format!(
+                    "order: expected 'breadth_first' or 'depth_first', got {o:?}"
+                )))
+            }
+        };
         let mut paths: Vec<Vec<i64>> = Vec::new();
         let iter = choices.try_iter().map_err(|_| {
             PyTypeError::new_err(format!(
@@ -175,10 +187,10 @@ impl PyTree {
             paths.push(path);
         }
         let inner = match tokens {
-            None => topology::from_choices(&paths, None::<ArrayView1<'_, i64>>),
+            None => topology::from_choices_in(&paths, None::<ArrayView1<'_, i64>>, layout),
             Some(t) => {
                 let t = int_array1(t, "tokens", true)?;
-                with_int_view!(t, v => topology::from_choices(&paths, Some(v)))
+                with_int_view!(t, v => topology::from_choices_in(&paths, Some(v), layout))
             }
         }
         .py()?;

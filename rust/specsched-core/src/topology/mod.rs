@@ -49,10 +49,29 @@ fn fmt_choice(c: &[i64]) -> String {
     }
 }
 
+/// How a choice list's nodes are numbered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ChoiceOrder {
+    /// By path length, then path (Medusa's, EAGLE-1's and vLLM's layout).
+    BreadthFirst,
+    /// By path: depth-first preorder, siblings by rank, so the all-zero (preferred) path is
+    /// nodes `0, 1, 2, ...` and an accepted prefix of it needs no KV moves.
+    DepthFirst,
+}
+
 /// Node order of a choice list: `order[n]` is the index into `choices` of node `n + 1`.
 /// Validates entries (non-empty, non-negative, unique, every proper prefix present) and
 /// returns the parent of every node in that order.
 pub fn choices_layout(choices: &[Vec<i64>]) -> Result<(Vec<usize>, Vec<i32>)> {
+    choices_layout_in(choices, ChoiceOrder::BreadthFirst)
+}
+
+/// [`choices_layout`] with the nodes in `layout` order (a path's prefix sorts before it in
+/// both, so parents come before children).
+pub fn choices_layout_in(
+    choices: &[Vec<i64>],
+    layout: ChoiceOrder,
+) -> Result<(Vec<usize>, Vec<i32>)> {
     if choices.len() + 1 > MAX_NODES {
         return Err(Error::value(
             "choices",
@@ -80,7 +99,10 @@ pub fn choices_layout(choices: &[Vec<i64>]) -> Result<(Vec<usize>, Vec<i32>)> {
     let mut order: Vec<usize> = (0..choices.len()).collect();
     order.sort_by(|&a, &b| {
         let (ca, cb) = (&choices[a], &choices[b]);
-        ca.len().cmp(&cb.len()).then_with(|| ca.cmp(cb))
+        match layout {
+            ChoiceOrder::BreadthFirst => ca.len().cmp(&cb.len()).then_with(|| ca.cmp(cb)),
+            ChoiceOrder::DepthFirst => ca.cmp(cb),
+        }
     });
     let mut node_of: HashMap<&[i64], usize> = HashMap::with_capacity(choices.len());
     let mut parents = Vec::with_capacity(choices.len() + 1);
@@ -128,7 +150,16 @@ pub fn from_choices<I: IndexLike>(
     choices: &[Vec<i64>],
     tokens: Option<ArrayView1<'_, I>>,
 ) -> Result<Tree> {
-    let (order, parents) = choices_layout(choices)?;
+    from_choices_in(choices, tokens, ChoiceOrder::BreadthFirst)
+}
+
+/// [`from_choices`] with the nodes in `layout` order.
+pub fn from_choices_in<I: IndexLike>(
+    choices: &[Vec<i64>],
+    tokens: Option<ArrayView1<'_, I>>,
+    layout: ChoiceOrder,
+) -> Result<Tree> {
+    let (order, parents) = choices_layout_in(choices, layout)?;
     let mut node_tokens = Vec::with_capacity(parents.len());
     match tokens {
         Some(t) => {
@@ -400,6 +431,13 @@ mod tests {
         assert!(from_choices(&ch(&[&[]]), NONE).is_err());
         assert!(from_choices(&ch(&[&[-1]]), NONE).is_err());
         assert_eq!(from_choices(&[], NONE).unwrap().num_nodes(), 1);
+        // Depth first: (0,), (0, 0), (0, 1), (1,) -> parents -1, 0, 1, 1, 0.
+        let c = ch(&[&[1], &[0, 1], &[0], &[0, 0]]);
+        let t = from_choices_in(&c, NONE, ChoiceOrder::DepthFirst).unwrap();
+        assert_eq!(t.view().parents, &[-1, 0, 1, 1, 0]);
+        assert_eq!(t.view().tokens, &[0, 0, 0, 1, 1]);
+        let e = from_choices_in(&ch(&[&[0], &[1, 0]]), NONE, ChoiceOrder::DepthFirst);
+        assert!(e.unwrap_err().to_string().contains("prefix"));
     }
 
     fn top(
