@@ -2,12 +2,15 @@
 //! exactly the inputs the definition allows (`parents[0] == -1`, `0 <= parents[i] < i`,
 //! matching lengths, at least one node), and an accepted tree's derived data (depths, links,
 //! leaves, max depth) equals the naive model; `TreeBatch::from_views` accepts exactly valid
-//! offsets over valid trees; `chain` and `from_choices` build the trees their inputs describe.
+//! offsets over valid trees; `chain` and `from_choices` build the trees their inputs describe,
+//! in breadth-first and in depth-first (path) order alike.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
 use ndarray::ArrayView1;
-use specsched_core::topology::{chain, choices_layout, from_choices};
+use specsched_core::topology::{
+    chain, choices_layout, choices_layout_in, from_choices_in, ChoiceOrder,
+};
 use specsched_core::{Tree, TreeBatch, TreeRef};
 use specsched_fuzz::{model_children, model_depths, Bytes};
 
@@ -127,10 +130,14 @@ fuzz_target!(|data: &[u8]| {
             && !choices[..j].contains(c)
             && (c.len() == 1 || choices.contains(&c[..c.len() - 1].to_vec()))
     });
-    let r = choices_layout(&choices);
-    assert_eq!(r.is_ok(), ok, "choices {choices:?}: {r:?}");
-    if ok {
-        let t = from_choices::<i64>(&choices, None).unwrap();
+    assert_eq!(choices_layout(&choices).is_ok(), ok);
+    for layout in [ChoiceOrder::BreadthFirst, ChoiceOrder::DepthFirst] {
+        let r = choices_layout_in(&choices, layout);
+        assert_eq!(r.is_ok(), ok, "choices {choices:?}: {r:?}");
+        if !ok {
+            continue;
+        }
+        let t = from_choices_in::<i64>(&choices, None, layout).unwrap();
         // Node n + 1 is choice order[n]; its root path spells the choice.
         let (order, _) = r.unwrap();
         let v = t.view();
@@ -144,9 +151,12 @@ fuzz_target!(|data: &[u8]| {
             path.reverse();
             assert_eq!(path, choices[j], "node {} of {choices:?}", node + 1);
         }
-        // vLLM order: sorted by (length, lexicographic).
+        // vLLM order: sorted by (length, lexicographic); depth first: lexicographic.
         let mut sorted = choices.clone();
-        sorted.sort_by(|a, b| (a.len(), a).cmp(&(b.len(), b)));
+        match layout {
+            ChoiceOrder::BreadthFirst => sorted.sort_by(|a, b| (a.len(), a).cmp(&(b.len(), b))),
+            ChoiceOrder::DepthFirst => sorted.sort(),
+        }
         let in_order: Vec<Vec<i64>> = order.iter().map(|&j| choices[j].clone()).collect();
         assert_eq!(in_order, sorted);
     }
