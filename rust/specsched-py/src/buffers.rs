@@ -7,10 +7,13 @@
 //! (of the block) for everything it reads and writes: a concurrent specsched call holding any
 //! of the views is refused instead of racing, and the step pays for one borrow, not eight.
 
+use ndarray::{ArrayView1, ArrayView3};
 use numpy::PyArray1;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PySlice;
+
+use specsched_core::topology::dynamic::StepOut;
 
 use crate::convert::zeros;
 
@@ -24,16 +27,14 @@ pub struct Layout {
     pub mask_stride: usize,
 }
 
-/// One step's view of the block: inputs the caller wrote, outputs the builder writes.
+/// One step's view of the block, shaped: inputs the caller wrote (`[B]` roots and prefix
+/// lengths, `[B, K, K]` top-k), outputs the builder writes.
 pub struct Parts<'a> {
-    pub root_tokens: &'a [i64],
+    pub root_tokens: ArrayView1<'a, i64>,
     pub prefix_lens: &'a [i64],
-    pub topk_tokens: &'a [i64],
-    pub topk_logprobs: &'a [f32],
-    pub tokens: &'a mut [i64],
-    pub parent_index: &'a mut [i64],
-    pub positions: &'a mut [i64],
-    pub mask: &'a mut [u8],
+    pub topk_tokens: ArrayView3<'a, i64>,
+    pub topk_logprobs: ArrayView3<'a, f32>,
+    pub out: StepOut<'a, u8>,
 }
 
 impl Layout {
@@ -65,8 +66,8 @@ impl Layout {
         self.fields().iter().map(|f| f.3).sum()
     }
 
-    /// The block cut into its fields. Fails only if the block is not the one this layout
-    /// made (wrong length or alignment), which the builder never hands out.
+    /// The block cut into its fields, shaped. Fails only if the block is not the one this
+    /// layout made (wrong length or alignment), which the builder never hands out.
     pub fn split<'a>(&self, block: &'a mut [u8]) -> PyResult<Parts<'a>> {
         let internal =
             |what: &str| PyValueError::new_err(format!("buffers: internal layout error ({what})"));
@@ -83,15 +84,20 @@ impl Layout {
         let (topk_tokens, ints) = ints.split_at_mut(tt / 8);
         let (tokens, ints) = ints.split_at_mut(tok / 8);
         let (parent_index, positions) = ints.split_at_mut(par / 8);
+        let topk = (self.batch, self.topk, self.topk);
+        let shape = |e| internal(&format!("shape: {e}"));
         Ok(Parts {
-            root_tokens,
-            prefix_lens,
-            topk_tokens,
-            topk_logprobs: lp,
-            tokens,
-            parent_index,
-            positions,
-            mask,
+            root_tokens: ArrayView1::from(&*root_tokens),
+            prefix_lens: &*prefix_lens,
+            topk_tokens: ArrayView3::from_shape(topk, &*topk_tokens).map_err(shape)?,
+            topk_logprobs: ArrayView3::from_shape(topk, lp).map_err(shape)?,
+            out: StepOut {
+                tokens,
+                parent_index,
+                positions,
+                mask,
+                mask_stride: self.mask_stride,
+            },
         })
     }
 }

@@ -2,13 +2,13 @@
 //! and the batched EAGLE-2 `DynamicTreeBuilder`. Each entry point extracts its arrays,
 //! releases the GIL and calls one core function.
 
-use ndarray::{s, ArrayView1, ArrayView3};
+use ndarray::{s, ArrayView1};
 use numpy::{PyArray1, PyArrayDyn, PyArrayMethods};
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
 
-use specsched_core::topology::dynamic::{DynamicTreeBuilder, NodeOrder, Step, StepOut};
+use specsched_core::topology::dynamic::{DynamicTreeBuilder, NodeOrder, Step};
 use specsched_core::topology::{self, sequoia};
 
 use crate::buffers::{Layout, Parts, PyDraftBuffers};
@@ -174,30 +174,6 @@ fn prefix_arg(prefix_lens: Option<&Bound<'_, PyAny>>, b: usize) -> PyResult<Vec<
         .collect())
 }
 
-/// The buffers' `[B, K, K]` top-k inputs.
-fn topk_views<'a>(
-    parts: &Parts<'a>,
-    b: usize,
-    k: usize,
-) -> PyResult<(ArrayView3<'a, i64>, ArrayView3<'a, f32>)> {
-    let shape_error = |e| PyValueError::new_err(format!("buffers: internal layout error ({e})"));
-    Ok((
-        ArrayView3::from_shape((b, k, k), parts.topk_tokens).map_err(shape_error)?,
-        ArrayView3::from_shape((b, k, k), parts.topk_logprobs).map_err(shape_error)?,
-    ))
-}
-
-/// A step's outputs in the buffers' parts.
-fn step_out<'a>(parts: &'a mut Parts<'_>, mask_stride: usize) -> StepOut<'a, u8> {
-    StepOut {
-        tokens: parts.tokens,
-        parent_index: parts.parent_index,
-        positions: parts.positions,
-        mask: parts.mask,
-        mask_stride,
-    }
-}
-
 fn step_arrays(py: Python<'_>, b: usize, k: usize, s: Step) -> PyResult<StepArrays<'_>> {
     Ok((
         owned(py, s.tokens, &[b, k])?,
@@ -208,16 +184,27 @@ fn step_arrays(py: Python<'_>, b: usize, k: usize, s: Step) -> PyResult<StepArra
 }
 
 impl PyDynamicTreeBuilder {
-    /// The builder state and its buffers for an in-place call, which needs the buffers read
-    /// (the caller writes the inputs into them) first.
-    fn in_place(&mut self, call: &str) -> PyResult<(&mut DynamicTreeBuilder, &PyDraftBuffers)> {
+    /// Runs `step` on the builder state and its buffers' parts: one borrow of the block, the
+    /// GIL released. The buffers must have been read first (the caller writes the inputs
+    /// into them).
+    fn step_in_place(
+        &mut self,
+        py: Python<'_>,
+        call: &str,
+        step: impl for<'a> FnOnce(&mut DynamicTreeBuilder, Parts<'a>) -> specsched_core::Result<()>
+            + Send,
+    ) -> PyResult<()> {
         let bufs = self.buffers.as_ref().ok_or_else(|| {
             PyValueError::new_err(format!(
                 "{call}: reads its inputs from the builder's `buffers`: get them and write \
                  the roots, prefix lengths and the draft's top-k into them first"
             ))
         })?;
-        Ok((&mut self.inner, bufs.get()))
+        let bufs = bufs.get();
+        let mut block = bufs.block.bind(py).try_readwrite().map_err(in_use)?;
+        let parts = bufs.layout.split(block.as_slice_mut()?)?;
+        let inner = &mut self.inner;
+        py.detach(|| step(inner, parts)).py()
     }
 }
 
@@ -339,28 +326,19 @@ impl PyDynamicTreeBuilder {
     /// (`root_tokens`, `prefix_lens`, `topk_tokens[:, 0]`, `topk_logprobs[:, 0]`) and writing
     /// the step into `buffers`.
     fn start_in_place(&mut self, py: Python<'_>) -> PyResult<()> {
-        let (b, k) = (self.inner.batch(), self.inner.topk());
-        let (inner, bufs) = self.in_place("start_in_place")?;
-        let mut block = bufs.block.bind(py).try_readwrite().map_err(in_use)?;
-        let mut parts = bufs.layout.split(block.as_slice_mut()?)?;
-        let (tt, lp) = topk_views(&parts, b, k)?;
-        let (tt, lp) = (tt.slice_move(s![.., 0, ..]), lp.slice_move(s![.., 0, ..]));
-        let (roots, prefix) = (ArrayView1::from(parts.root_tokens), parts.prefix_lens);
-        let out = step_out(&mut parts, bufs.layout.mask_stride);
-        py.detach(|| inner.start_into(roots, tt, lp, prefix, out))
-            .py()
+        self.step_in_place(py, "start_in_place", |inner, p| {
+            let (tt, lp) = (p.topk_tokens.slice_move(s![.., 0, ..]), p.topk_logprobs);
+            let lp = lp.slice_move(s![.., 0, ..]);
+            inner.start_into(p.root_tokens, tt, lp, p.prefix_lens, p.out)
+        })
     }
 
     /// `expand` reading `[B, K, K]` from `buffers.topk_tokens` / `buffers.topk_logprobs` and
     /// writing the step into `buffers`.
     fn expand_in_place(&mut self, py: Python<'_>) -> PyResult<()> {
-        let (b, k) = (self.inner.batch(), self.inner.topk());
-        let (inner, bufs) = self.in_place("expand_in_place")?;
-        let mut block = bufs.block.bind(py).try_readwrite().map_err(in_use)?;
-        let mut parts = bufs.layout.split(block.as_slice_mut()?)?;
-        let (tt, lp) = topk_views(&parts, b, k)?;
-        let out = step_out(&mut parts, bufs.layout.mask_stride);
-        py.detach(|| inner.expand_into(tt, lp, out)).py()
+        self.step_in_place(py, "expand_in_place", |inner, p| {
+            inner.expand_into(p.topk_tokens, p.topk_logprobs, p.out)
+        })
     }
 
     /// `(TreeBatch, pool_index int64 [B, budget - 1])` from every candidate drafted so far,
