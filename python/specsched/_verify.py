@@ -74,10 +74,8 @@ def verify(
         and top_p is None
         and draft_probs is None
         and rule is None
-        and reduce != "device"
+        and (reduce == "auto" or reduce == "host")
     ):
-        if reduce not in ("auto", "host"):
-            raise ValueError(f"reduce: expected 'auto', 'host' or 'device', got {reduce!r}")
         return _core.verify_greedy(tree, logits)
     if (logits is None) == (target_tokens is None):
         raise TypeError("verify: pass exactly one of logits or target_tokens")
