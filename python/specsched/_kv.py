@@ -16,6 +16,9 @@ from specsched._core import BatchVerifyResult, VerifyResult
 
 Result = VerifyResult | BatchVerifyResult
 
+# Length arguments that are never torch tensors: Rust reads them as they are.
+_HOST_LENGTHS = frozenset({np.ndarray, int})
+
 
 def kv_compaction_plan(result: Result, prefix_lens: Any) -> tuple[np.ndarray, ...]:
     """`(src, dst)` int64 sequence positions for a VerifyResult, `(req, src, dst)` for a batch.
@@ -43,6 +46,10 @@ def compact_kv(
     int for a VerifyResult, int64 `[B]` (host) for a batch. A target's length bookkeeping
     then needs no array arithmetic of its own.
     """
+    # The decode loop's call first: a host numpy cache and host lengths go straight to Rust.
+    # Right after a model forward every Python function called here costs µs.
+    if type(cache) is np.ndarray and type(prefix_lens) in _HOST_LENGTHS:
+        return _core.compact_kv(cache, result, prefix_lens, seq_dim, batch_dim)
     prefix_lens = _torch.host_array(prefix_lens, "prefix_lens")
     if _torch.is_tensor(cache):
         _torch.check_has_data(cache, "cache")
