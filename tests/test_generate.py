@@ -13,7 +13,10 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -491,3 +494,17 @@ def test_kv_cache_after_compaction_equals_autoregressive(seed: int) -> None:
         got = spec_target.cache[:, :, b, :, :committed]
         want = ar_target.cache[:, :, b, :, :committed]
         torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-9)
+
+
+def test_cold_calls_script_times_every_loop_call() -> None:
+    """`scripts/cold_calls.py` (the per-call figures of docs/api.md) runs end to end: one row
+    per call, each a positive time."""
+    script = Path(__file__).parents[1] / "scripts" / "cold_calls.py"
+    run = subprocess.run(
+        [sys.executable, str(script), "--reps", "2"], capture_output=True, text=True, check=True
+    )
+    rows = run.stdout.splitlines()[1:]
+    times = {row[:40].strip(): row[40:].split() for row in rows}
+    assert {"no-op PyO3 getter", "DynamicTreeBuilder.expand_in_place", "compact_kv"} <= set(times)
+    assert len(times) == 8
+    assert all(float(median) > 0 and float(p25) > 0 for median, p25 in times.values())
