@@ -50,20 +50,35 @@ impl Layout {
     /// `batch · topk · depth · topk`, so no product here overflows.
     fn fields(&self) -> [(&'static str, &'static str, Vec<usize>, usize); 8] {
         let (b, k, w) = (self.batch, self.topk, self.mask_stride);
-        [
-            ("root_tokens", "int64", vec![b], 8 * b),
-            ("prefix_lens", "int64", vec![b], 8 * b),
-            ("topk_tokens", "int64", vec![b, k, k], 8 * b * k * k),
-            ("tokens", "int64", vec![b, k], 8 * b * k),
-            ("parent_index", "int64", vec![b, k], 8 * b * k),
-            ("positions", "int64", vec![b, k], 8 * b * k),
-            ("topk_logprobs", "float32", vec![b, k, k], 4 * b * k * k),
-            ("attention_mask", "bool", vec![b, k, w], b * k * w),
-        ]
+        let named = [
+            ("root_tokens", "int64", vec![b]),
+            ("prefix_lens", "int64", vec![b]),
+            ("topk_tokens", "int64", vec![b, k, k]),
+            ("tokens", "int64", vec![b, k]),
+            ("parent_index", "int64", vec![b, k]),
+            ("positions", "int64", vec![b, k]),
+            ("topk_logprobs", "float32", vec![b, k, k]),
+            ("attention_mask", "bool", vec![b, k, w]),
+        ];
+        let bytes = self.field_bytes();
+        let mut at = 0;
+        named.map(|(name, dtype, shape)| {
+            at += 1;
+            (name, dtype, shape, bytes[at - 1])
+        })
+    }
+
+    /// Bytes of each field, in block order: what every step needs of the layout, with no
+    /// allocation (a step runs right after a model forward, where each `malloc` costs).
+    fn field_bytes(&self) -> [usize; 8] {
+        let (b, k, w) = (self.batch, self.topk, self.mask_stride);
+        let ints = [b, b, b * k * k, b * k, b * k, b * k].map(|n| 8 * n);
+        let [root, pre, tt, tok, par, pos] = ints;
+        [root, pre, tt, tok, par, pos, 4 * b * k * k, b * k * w]
     }
 
     fn bytes(&self) -> usize {
-        self.fields().iter().map(|f| f.3).sum()
+        self.field_bytes().iter().sum()
     }
 
     /// The block cut into its fields, shaped. Fails only if the block is not the one this
@@ -74,7 +89,7 @@ impl Layout {
         if block.len() != self.bytes() {
             return Err(internal("length"));
         }
-        let [root, pre, tt, tok, par, pos, lp, _] = self.fields().map(|f| f.3);
+        let [root, pre, tt, tok, par, pos, lp, _] = self.field_bytes();
         let (ints, rest) = block.split_at_mut(root + pre + tt + tok + par + pos);
         let (lp, mask) = rest.split_at_mut(lp);
         let ints: &mut [i64] = bytemuck::try_cast_slice_mut(ints).map_err(|_| internal("int64"))?;
