@@ -113,6 +113,21 @@ pub struct DynamicTreeBuilder {
 /// 256 MiB each, far past any serving configuration, refused before anything is allocated.
 pub const MAX_MASK_ENTRIES: usize = 1 << 28;
 
+/// Inserts `key` into `best` (at most `k` keys, best first in [`RankKey`] order), dropping
+/// the worst when `best` is full: after all `K²` children, the best `k` in rank order.
+fn keep_best(best: &mut Vec<RankKey>, k: usize, key: RankKey) {
+    if best.len() == k {
+        match best.last() {
+            Some(worst) if key < *worst => {
+                best.pop();
+            }
+            _ => return,
+        }
+    }
+    let at = best.partition_point(|b| *b < key);
+    best.insert(at, key);
+}
+
 /// `n` copies of `v`, or a ValueError when the memory cannot be reserved (a failed
 /// allocation would abort the process).
 fn filled<T: Clone>(n: usize, v: T) -> Result<Vec<T>> {
@@ -423,8 +438,24 @@ impl DynamicTreeBuilder {
                 ));
             }
         }
-        for ((r, j, c), &lp) in topk_logprobs.indexed_iter() {
-            Self::check_logprob(lp.to_f64(), "topk_logprobs", || format!("[{r}, {j}, {c}]"))?;
+        // A contiguous input (the in-place buffers always are) is checked as a plain slice:
+        // right after a head forward, ndarray's indexed iteration is more code to fetch than
+        // the check itself.
+        match topk_logprobs.as_slice() {
+            Some(flat) => {
+                for (i, &lp) in flat.iter().enumerate() {
+                    Self::check_logprob(lp.to_f64(), "topk_logprobs", || {
+                        format!("[{}, {}, {}]", i / (k * k), i / k % k, i % k)
+                    })?;
+                }
+            }
+            None => {
+                for ((r, j, c), &lp) in topk_logprobs.indexed_iter() {
+                    Self::check_logprob(lp.to_f64(), "topk_logprobs", || {
+                        format!("[{r}, {j}, {c}]")
+                    })?;
+                }
+            }
         }
         self.check_out(&out, self.level + 1)?;
         let base_step = k + (self.level - 1) * k * k;
@@ -432,6 +463,9 @@ impl DynamicTreeBuilder {
         let old_w = self.level * k;
         let new_w = old_w + k;
         let mut keys = std::mem::take(&mut self.keys);
+        // Up to 16 children per slot, the frontier is kept sorted as the children come: a
+        // few compares each, where the generic select and sort are most of a level's code.
+        let few = k <= 16;
         for r in 0..b {
             let base = r * self.pool;
             keys.clear();
@@ -444,14 +478,21 @@ impl DynamicTreeBuilder {
                     self.scores[base + g] = s;
                     self.tokens[base + g] = topk_tokens[(r, j, c)].to_i64();
                     self.parents[base + g] = f as i32;
-                    keys.push(RankKey::new(s, 0, g as u32));
+                    let key = RankKey::new(s, 0, g as u32);
+                    if few {
+                        keep_best(&mut keys, k, key);
+                    } else {
+                        keys.push(key);
+                    }
                 }
             }
             // The next frontier in rank order (best first), like the draft's own top-k.
-            if k < keys.len() {
-                keys.select_nth_unstable(k - 1);
+            if !few {
+                if k < keys.len() {
+                    keys.select_nth_unstable(k - 1);
+                }
+                keys[..k].sort_unstable();
             }
-            keys[..k].sort_unstable();
             for (j, key) in keys[..k].iter().enumerate() {
                 let g = key.index() as usize;
                 let slot = (g - base_step) / k;
