@@ -19,7 +19,7 @@
 use ndarray::{ArrayView1, ArrayView2, ArrayView3};
 
 use crate::error::{Error, Result};
-use crate::topology::{select_top, RankKey, ScoreLike};
+use crate::topology::{score_key, select_top_scores, RankKey, ScoreLike};
 use crate::tree::{depth_first_order, IndexLike, TreeBatch, MAX_NODES};
 
 /// What the next draft forward needs, row-major.
@@ -539,7 +539,7 @@ impl DynamicTreeBuilder {
         let mut parents = Vec::with_capacity(b * n);
         let mut tokens = Vec::with_capacity(b * n);
         let mut pool_index = Vec::with_capacity(b * (n - 1));
-        let mut keys: Vec<RankKey> = Vec::with_capacity(m);
+        let (mut keys, mut scratch) = (Vec::with_capacity(m), Vec::with_capacity(m));
         let mut chosen = Vec::with_capacity(n - 1);
         let mut node_of = vec![0i32; m];
         // One request's tree in pool order (parents, tokens, pool index of each draft node),
@@ -551,8 +551,8 @@ impl DynamicTreeBuilder {
             let base = r * self.pool;
             keys.clear();
             // Pool index grows with depth, so it breaks ties towards the shallower node.
-            keys.extend((0..m).map(|g| RankKey::new(self.scores[base + g], 0, g as u32)));
-            select_top(&mut keys, n - 1, &mut chosen);
+            keys.extend(self.scores[base..base + m].iter().map(|&s| score_key(s)));
+            select_top_scores(&keys, n - 1, &mut scratch, &mut chosen);
             tree_parents.clear();
             tree_tokens.clear();
             tree_index.clear();

@@ -216,21 +216,56 @@ impl RankKey {
     /// `score` must not be NaN (every caller checks its scores first).
     #[inline]
     pub fn new(score: f64, depth: u32, index: u32) -> Self {
-        // -0.0 and 0.0 are the same score: adding 0.0 turns -0.0 into 0.0.
-        let bits = (score + 0.0).to_bits();
-        // IEEE order as unsigned order: negatives have all bits flipped, positives the sign set.
-        let ascending = if bits >> 63 == 1 {
-            !bits
-        } else {
-            bits | 1 << 63
-        };
-        RankKey(u128::from(!ascending) << 64 | u128::from(depth) << 32 | u128::from(index))
+        RankKey(u128::from(score_key(score)) << 64 | u128::from(depth) << 32 | u128::from(index))
     }
 
     /// The pool index it was made with.
     #[inline]
     pub fn index(self) -> u32 {
         self.0 as u32
+    }
+}
+
+/// A score as an integer that orders like [`RankKey`]'s first field: smaller = higher score.
+/// `score` must not be NaN.
+#[inline]
+pub fn score_key(score: f64) -> u64 {
+    // -0.0 and 0.0 are the same score: adding 0.0 turns -0.0 into 0.0.
+    let bits = (score + 0.0).to_bits();
+    // IEEE order as unsigned order: negatives have all bits flipped, positives the sign set.
+    let ascending = if bits >> 63 == 1 {
+        !bits
+    } else {
+        bits | 1 << 63
+    };
+    !ascending
+}
+
+/// The pool indices, in increasing order, of the first `k` candidates in [`RankKey`] order
+/// when every candidate has depth 0 (pool index breaks ties): `keys[g]` is candidate `g`'s
+/// [`score_key`]. The same selection as [`select_top`], at half the key width and without
+/// the final sort: the `k`-th best score is selected (in `scratch`), then one pass in pool
+/// order takes every better score and as many of the tied ones as still fit. O(M).
+pub fn select_top_scores(keys: &[u64], k: usize, scratch: &mut Vec<u64>, out: &mut Vec<u32>) {
+    out.clear();
+    if k == 0 {
+        return;
+    }
+    if k >= keys.len() {
+        out.extend(0..keys.len() as u32);
+        return;
+    }
+    scratch.clear();
+    scratch.extend_from_slice(keys);
+    let (better, &mut kth, _) = scratch.select_nth_unstable(k - 1);
+    let mut ties = k - better.iter().filter(|&&key| key < kth).count();
+    for (g, &key) in keys.iter().enumerate() {
+        if key < kth {
+            out.push(g as u32);
+        } else if key == kth && ties > 0 {
+            out.push(g as u32);
+            ties -= 1;
+        }
     }
 }
 
@@ -364,6 +399,31 @@ pub fn top_n<P: IndexLike, S: ScoreLike, T: IndexLike>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// The score-first selection takes exactly `select_top`'s candidates at depth 0:
+        /// scores drawn from a few values (many ties at the cut), both zeros and -inf.
+        #[test]
+        fn selecting_scores_first_equals_selecting_rank_keys(
+            picks in proptest::collection::vec(0usize..6, 0..80),
+            k in 0usize..90,
+        ) {
+            let values = [0.0, -0.0, -0.25, -1.0, -7.5, f64::NEG_INFINITY];
+            let scores: Vec<f64> = picks.iter().map(|&i| values[i]).collect();
+            let mut keys: Vec<RankKey> = scores
+                .iter()
+                .enumerate()
+                .map(|(g, &s)| RankKey::new(s, 0, g as u32))
+                .collect();
+            let mut want = Vec::new();
+            select_top(&mut keys, k.min(scores.len()), &mut want);
+            let score_keys: Vec<u64> = scores.iter().map(|&s| score_key(s)).collect();
+            let (mut scratch, mut got) = (Vec::new(), Vec::new());
+            select_top_scores(&score_keys, k, &mut scratch, &mut got);
+            prop_assert_eq!(got, want);
+        }
+    }
 
     #[test]
     fn rank_key_orders_score_desc_then_depth_then_index() {

@@ -14,7 +14,7 @@
 use ndarray::{ArrayView1, ArrayView2};
 
 use crate::error::{Error, Result};
-use crate::topology::{select_top, RankKey, ScoreLike};
+use crate::topology::{score_key, select_top_scores, ScoreLike};
 use crate::tree::IndexLike;
 
 /// SGLang's `TreeMaskMode`, with the output buffer it fills.
@@ -138,7 +138,7 @@ pub fn organize_draft_results<S: ScoreLike, T: IndexLike>(
             format!("output buffers must hold {} entries", bs * k),
         ));
     }
-    let mut keys: Vec<RankKey> = Vec::with_capacity(m);
+    let (mut keys, mut scratch) = (Vec::with_capacity(m), Vec::with_capacity(m));
     let mut chosen = Vec::with_capacity(k);
     for b in 0..bs {
         keys.clear();
@@ -151,10 +151,10 @@ pub fn organize_draft_results<S: ScoreLike, T: IndexLike>(
                 ));
             }
             // Pool index grows with the draft step, so it also breaks ties towards the
-            // shallower candidate: the depth field can stay 0.
-            keys.push(RankKey::new(s, 0, g as u32));
+            // shallower candidate: scores and pool index are the whole order.
+            keys.push(score_key(s));
         }
-        select_top(&mut keys, k, &mut chosen);
+        select_top_scores(&keys, k, &mut scratch, &mut chosen);
         for (j, &g) in chosen.iter().enumerate() {
             top_index[b * k + j] = g as i64;
             draft_tokens[b * k + j] = tokens[(b, g as usize)].to_i64();
