@@ -100,17 +100,21 @@ pub struct DynamicTreeBuilder {
     parents: Vec<i32>,
     /// `[B, K]` pool index of each frontier slot.
     frontier: Vec<u32>,
-    /// `[B, K, depth·K]` draft mask rows of the frontier (the first `level·K` columns hold
-    /// them), and the buffer the next level's rows are written to: two allocations per
-    /// builder, none per level.
-    rows: Vec<bool>,
-    next_rows: Vec<bool>,
+    /// `[B, K, depth]` path of each frontier node: its ancestor's slot at each level, itself
+    /// last (the first `level` entries hold them). Its mask row is one True per level, at
+    /// column `level · K + slot`: a level copies `level` slots a row where a stored mask row
+    /// would cost `level · K` bytes, and the state a level touches, read back from memory
+    /// after each head forward, shrinks by `K`. The buffer the next level's paths are
+    /// written to is the second: two allocations per builder, none per level.
+    paths: Vec<u32>,
+    next_paths: Vec<u32>,
     /// The `K²` children's rank keys of one request, reused by every `expand_into`.
     keys: Vec<RankKey>,
 }
 
-/// Most entries of a builder's draft mask rows (`batch · topk · depth · topk`, held twice):
-/// 256 MiB each, far past any serving configuration, refused before anything is allocated.
+/// Most entries of a builder's draft mask (`batch · topk · depth · topk`, the in-place
+/// buffers' and a returned step's): 256 MiB, far past any serving configuration, refused
+/// before anything is allocated.
 pub const MAX_MASK_ENTRIES: usize = 1 << 28;
 
 /// Inserts `key` into `best` (at most `k` keys, best first in [`RankKey`] order), dropping
@@ -175,8 +179,8 @@ impl DynamicTreeBuilder {
                 ),
             ));
         }
-        // `batch * pool < 2^31` bounds every product below but the mask rows' (`topk²` is
-        // not bounded by the pool when depth is 1).
+        // `batch * pool < 2^31` bounds every product below but the mask's (`topk²` is not
+        // bounded by the pool when depth is 1).
         let mask = batch
             .checked_mul(topk)
             .and_then(|x| x.checked_mul(depth))
@@ -191,6 +195,8 @@ impl DynamicTreeBuilder {
                     ),
                 )
             })?;
+        // One slot per level of each frontier path: a `topk`-th of the mask.
+        let paths = mask / topk;
         Ok(DynamicTreeBuilder {
             batch,
             topk,
@@ -204,8 +210,8 @@ impl DynamicTreeBuilder {
             tokens: filled(batch * pool, 0)?,
             parents: filled(batch * pool, -1)?,
             frontier: filled(batch * topk, 0)?,
-            rows: filled(mask, false)?,
-            next_rows: filled(mask, false)?,
+            paths: filled(paths, 0)?,
+            next_paths: filled(paths, 0)?,
             keys: Vec::with_capacity(topk * topk),
         })
     }
@@ -328,19 +334,12 @@ impl DynamicTreeBuilder {
         }
         self.level = 1;
         // Each depth-1 node sees only itself among the fed tokens.
-        let stride = self.row_stride();
-        for (i, row) in self.rows.chunks_exact_mut(stride).enumerate() {
-            row[..k].fill(false);
-            row[i % k] = true;
+        for (i, path) in self.paths.chunks_exact_mut(self.depth).enumerate() {
+            path[0] = (i % k) as u32;
         }
         out.parent_index.fill(0);
         self.write_step(out);
         Ok(())
-    }
-
-    /// Columns of a stored mask row: room for every level.
-    fn row_stride(&self) -> usize {
-        self.depth * self.topk
     }
 
     /// The outputs' lengths for a step to `level` (an internal error: the bindings size them).
@@ -376,7 +375,6 @@ impl DynamicTreeBuilder {
     /// caller's: it is known only while the frontier is chosen).
     fn write_step<M: From<bool>>(&self, out: StepOut<'_, M>) {
         let k = self.topk;
-        let width = self.level * k;
         for r in 0..self.batch {
             for j in 0..k {
                 out.tokens[r * k + j] =
@@ -384,14 +382,13 @@ impl DynamicTreeBuilder {
                 out.positions[r * k + j] = self.prefix[r] + self.level as i64;
             }
         }
-        let stored = self.rows.chunks_exact(self.row_stride());
-        for (dst, src) in out.mask.chunks_exact_mut(out.mask_stride).zip(stored) {
-            let (mask, rest) = dst.split_at_mut(width);
-            for (d, &s) in mask.iter_mut().zip(&src[..width]) {
-                *d = M::from(s);
+        let paths = self.paths.chunks_exact(self.depth);
+        for (row, path) in out.mask.chunks_exact_mut(out.mask_stride).zip(paths) {
+            for cell in row.iter_mut() {
+                *cell = M::from(false);
             }
-            for d in rest {
-                *d = M::from(false);
+            for (level, &slot) in path[..self.level].iter().enumerate() {
+                row[level * k + slot as usize] = M::from(true);
             }
         }
     }
@@ -459,9 +456,7 @@ impl DynamicTreeBuilder {
         }
         self.check_out(&out, self.level + 1)?;
         let base_step = k + (self.level - 1) * k * k;
-        let stride = self.row_stride();
-        let old_w = self.level * k;
-        let new_w = old_w + k;
+        let (depth, level) = (self.depth, self.level);
         let mut keys = std::mem::take(&mut self.keys);
         // Up to 16 children per slot, the frontier is kept sorted as the children come: a
         // few compares each, where the generic select and sort are most of a level's code.
@@ -498,15 +493,15 @@ impl DynamicTreeBuilder {
                 let slot = (g - base_step) / k;
                 out.parent_index[r * k + j] = slot as i64;
                 self.frontier[r * k + j] = g as u32;
-                let src = &self.rows[(r * k + slot) * stride..][..old_w];
-                let dst = &mut self.next_rows[(r * k + j) * stride..][..new_w];
-                dst[..old_w].copy_from_slice(src);
-                dst[old_w..].fill(false);
-                dst[old_w + j] = true;
+                // The parent's path, then this slot.
+                let src = &self.paths[(r * k + slot) * depth..][..level];
+                let dst = &mut self.next_paths[(r * k + j) * depth..][..=level];
+                dst[..level].copy_from_slice(src);
+                dst[level] = j as u32;
             }
         }
         self.keys = keys;
-        std::mem::swap(&mut self.rows, &mut self.next_rows);
+        std::mem::swap(&mut self.paths, &mut self.next_paths);
         self.level += 1;
         self.write_step(out);
         Ok(())
