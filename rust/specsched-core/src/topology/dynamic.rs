@@ -10,7 +10,9 @@
 //! positions. [`DynamicTreeBuilder::build`] reranks the whole pool (`K + (level-1)·K²`
 //! candidates) with the top-N rule of [`crate::topology`] into a batch of `budget`-node trees.
 //! Pool layout per request, as SGLang's: step 0 is `0..K`, step `s >= 1` is
-//! `K + (s-1)·K² + j·K + c` for frontier slot `j`, rank `c`. Cost per step O(B · K² log K).
+//! `K + (s-1)·K² + j·K + c` for frontier slot `j`, rank `c`. Cost per step O(B · K² log K)
+//! (up to `K = 16`, O(B · K³) at worst: the frontier is kept sorted by insertion, most
+//! children rejected by one compare).
 //!
 //! `start` / `expand` return fresh [`Step`]s; `start_into` / `expand_into` write the same
 //! values into the caller's buffers ([`StepOut`]), so a decode loop can keep one set of
@@ -108,7 +110,8 @@ pub struct DynamicTreeBuilder {
     /// written to is the second: two allocations per builder, none per level.
     paths: Vec<u32>,
     next_paths: Vec<u32>,
-    /// The `K²` children's rank keys of one request, reused by every `expand_into`.
+    /// Rank keys of one request's children, reused by every `expand_into`: all `K²`, or
+    /// (up to `K = 16`) the best `K` so far.
     keys: Vec<RankKey>,
 }
 
