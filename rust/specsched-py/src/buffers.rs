@@ -37,6 +37,35 @@ pub struct Parts<'a> {
     pub out: StepOut<'a, u8>,
 }
 
+/// One field of the block: its numpy dtype, item size and shape (the first `ndim` dims).
+struct Field {
+    dtype: &'static str,
+    item: usize,
+    dims: [usize; 3],
+    ndim: usize,
+}
+
+impl Field {
+    fn new(dtype: &'static str, item: usize, shape: &[usize]) -> Self {
+        let mut dims = [1; 3];
+        dims[..shape.len()].copy_from_slice(shape);
+        Field {
+            dtype,
+            item,
+            dims,
+            ndim: shape.len(),
+        }
+    }
+
+    fn shape(&self) -> &[usize] {
+        &self.dims[..self.ndim]
+    }
+
+    fn bytes(&self) -> usize {
+        self.item * self.shape().iter().product::<usize>()
+    }
+}
+
 impl Layout {
     pub fn new(batch: usize, topk: usize, depth: usize) -> Self {
         Layout {
@@ -46,35 +75,27 @@ impl Layout {
         }
     }
 
-    /// `(name, dtype, shape, bytes)` of each field, in block order. The builder bounds
-    /// `batch · topk · depth · topk`, so no product here overflows.
-    fn fields(&self) -> [(&'static str, &'static str, Vec<usize>, usize); 8] {
+    /// Each field, in block order: root_tokens, prefix_lens, topk_tokens, tokens,
+    /// parent_index, positions, topk_logprobs, attention_mask. No allocation: every step
+    /// splits the block by it, right after a model forward, where each `malloc` costs. The
+    /// builder bounds `batch · topk · depth · topk`, so no product here overflows.
+    fn fields(&self) -> [Field; 8] {
         let (b, k, w) = (self.batch, self.topk, self.mask_stride);
-        let named = [
-            ("root_tokens", "int64", vec![b]),
-            ("prefix_lens", "int64", vec![b]),
-            ("topk_tokens", "int64", vec![b, k, k]),
-            ("tokens", "int64", vec![b, k]),
-            ("parent_index", "int64", vec![b, k]),
-            ("positions", "int64", vec![b, k]),
-            ("topk_logprobs", "float32", vec![b, k, k]),
-            ("attention_mask", "bool", vec![b, k, w]),
-        ];
-        let bytes = self.field_bytes();
-        let mut at = 0;
-        named.map(|(name, dtype, shape)| {
-            at += 1;
-            (name, dtype, shape, bytes[at - 1])
-        })
+        let int64 = |shape: &[usize]| Field::new("int64", 8, shape);
+        [
+            int64(&[b]),
+            int64(&[b]),
+            int64(&[b, k, k]),
+            int64(&[b, k]),
+            int64(&[b, k]),
+            int64(&[b, k]),
+            Field::new("float32", 4, &[b, k, k]),
+            Field::new("bool", 1, &[b, k, w]),
+        ]
     }
 
-    /// Bytes of each field, in block order: what every step needs of the layout, with no
-    /// allocation (a step runs right after a model forward, where each `malloc` costs).
     fn field_bytes(&self) -> [usize; 8] {
-        let (b, k, w) = (self.batch, self.topk, self.mask_stride);
-        let ints = [b, b, b * k * k, b * k, b * k, b * k].map(|n| 8 * n);
-        let [root, pre, tt, tok, par, pos] = ints;
-        [root, pre, tt, tok, par, pos, 4 * b * k * k, b * k * w]
+        self.fields().map(|f| f.bytes())
     }
 
     fn bytes(&self) -> usize {
@@ -142,13 +163,13 @@ impl PyDraftBuffers {
         let block = zeros::<u8>(py, &[layout.bytes()])?.cast_into::<PyArray1<u8>>()?;
         let mut views = Vec::with_capacity(8);
         let mut at = 0isize;
-        for (_, dtype, shape, bytes) in layout.fields() {
-            let end = at + bytes as isize;
+        for field in layout.fields() {
+            let end = at + field.bytes() as isize;
             let view = block
                 .as_any()
                 .get_item(PySlice::new(py, at, end, 1))?
-                .call_method1("view", (dtype,))?
-                .call_method1("reshape", (shape,))?;
+                .call_method1("view", (field.dtype,))?
+                .call_method1("reshape", (field.shape(),))?;
             views.push(view.unbind());
             at = end;
         }
