@@ -224,6 +224,12 @@ impl RankKey {
     pub fn index(self) -> u32 {
         self.0 as u32
     }
+
+    /// The score it was made with (`-0.0` as `0.0`).
+    #[inline]
+    pub fn score(self) -> f64 {
+        score_of_key((self.0 >> 64) as u64)
+    }
 }
 
 /// A score as an integer that orders like [`RankKey`]'s first field: smaller = higher score.
@@ -239,6 +245,18 @@ pub fn score_key(score: f64) -> u64 {
         bits | 1 << 63
     };
     !ascending
+}
+
+/// The score a [`score_key`] was made from (`-0.0` as `0.0`).
+#[inline]
+pub fn score_of_key(key: u64) -> f64 {
+    let ascending = !key;
+    let bits = if ascending >> 63 == 1 {
+        ascending & !(1 << 63)
+    } else {
+        !ascending
+    };
+    f64::from_bits(bits)
 }
 
 /// The pool indices, in increasing order, of the first `k` candidates in [`RankKey`] order
@@ -422,6 +440,15 @@ mod tests {
             let (mut scratch, mut got) = (Vec::new(), Vec::new());
             select_top_scores(&score_keys, k, &mut scratch, &mut got);
             prop_assert_eq!(got, want);
+        }
+
+        /// A key gives back its score, which the dynamic builder compares children with.
+        #[test]
+        fn a_score_key_gives_back_its_score(bits in any::<u64>(), depth in any::<u32>()) {
+            let score = f64::from_bits(bits);
+            prop_assume!(!score.is_nan());
+            let back = RankKey::new(score, depth, 7).score();
+            prop_assert_eq!(back.to_bits(), (score + 0.0).to_bits());
         }
     }
 
