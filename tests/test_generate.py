@@ -508,3 +508,27 @@ def test_cold_calls_script_times_every_loop_call() -> None:
     assert {"no-op PyO3 getter", "DynamicTreeBuilder.expand_in_place", "compact_kv"} <= set(times)
     assert len(times) == 8
     assert all(float(median) > 0 and float(p25) > 0 for median, p25 in times.values())
+
+
+def test_compare_builds_script_pairs_two_builds() -> None:
+    """`scripts/compare_builds.py` (the A/B figures of docs/api.md) runs end to end against a
+    second copy of the installed build: every row has both builds' times and their ratio."""
+    from specsched import _core
+
+    script = Path(__file__).parents[1] / "scripts" / "compare_builds.py"
+    run = subprocess.run(
+        [sys.executable, str(script), _core.__file__, "--reps", "2"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    lines = run.stdout.splitlines()
+    headers = [i for i, line in enumerate(lines) if line.rstrip().endswith("(µs, medians)")]
+    assert len(headers) == 2
+    rows = [line for i, line in enumerate(lines) if i not in headers]
+    assert len(rows) == 9 + 5
+    assert any(row.startswith("expand (B=64 K=8") for row in rows)
+    assert any(row.startswith("verify_greedy") for row in rows)
+    for row in rows:
+        this, other, ratio = (float(x) for x in row[44:].split())
+        assert this > 0 and other > 0 and ratio > 0
