@@ -99,11 +99,21 @@ def test_top_n_bad_input(parents, scores, budget, exc, match):
         ss.top_n_tree(parents, np.asarray(scores), budget)
 
 
-def random_step(rng, shape):
-    """Top-k tokens and coarse (tie-prone) log probabilities, sorted like a draft's top-k."""
+def random_step(rng, shape, *, sort=True):
+    """Top-k tokens and coarse (tie-prone) log probabilities, sorted like a draft's top-k
+    unless `sort` is False (any order is valid input)."""
     tokens = rng.integers(0, 50, size=shape)
-    lps = -np.sort(rng.choice([0.0, 0.25, 0.5, 1.0, 3.0], size=shape), axis=-1)
+    lps = -rng.choice([0.0, 0.25, 0.5, 1.0, 3.0], size=shape)
+    if sort:
+        lps = -np.sort(-lps, axis=-1)
     return tokens, lps
+
+
+def strided(a):
+    """`a`'s values in a non-contiguous view (every other element of a wider array)."""
+    wide = np.zeros((*a.shape[:-1], 2 * a.shape[-1]), dtype=a.dtype)
+    wide[..., ::2] = a
+    return wide[..., ::2]
 
 
 def drawn_budget_and_rng(data, topk, depth):
@@ -134,9 +144,11 @@ def test_dynamic_builder_matches_reference(batch, topk, depth, data, fdt):
     got = rust.start(roots, tok, lp.astype(fdt), prefix_lens=prefix)
     want = oracle.start(roots.tolist(), tok.tolist(), lp.tolist(), prefix.tolist())
     assert as_lists(got) == [list(w) for w in want]
+    # Unsorted rows and strided inputs reach the same selection as a draft's sorted top-k.
+    sort, layout = data.draw(st.booleans()), data.draw(st.sampled_from([np.asarray, strided]))
     for _ in range(steps - 1):
-        tok, lp = random_step(rng, (batch, topk, topk))
-        got = rust.expand(tok, lp.astype(fdt))
+        tok, lp = random_step(rng, (batch, topk, topk), sort=sort)
+        got = rust.expand(layout(tok), layout(lp.astype(fdt)))
         want = oracle.expand(tok.tolist(), lp.tolist())
         assert as_lists(got) == [list(w) for w in want]
         assert got[2].shape == (batch, topk, rust.level * topk)

@@ -467,6 +467,7 @@ impl DynamicTreeBuilder {
         for r in 0..b {
             let base = r * self.pool;
             keys.clear();
+            let mut floor = f64::NEG_INFINITY;
             for j in 0..k {
                 let f = self.frontier[r * k + j] as usize;
                 let fs = self.scores[base + f];
@@ -476,9 +477,17 @@ impl DynamicTreeBuilder {
                     self.scores[base + g] = s;
                     self.tokens[base + g] = topk_tokens[(r, j, c)].to_i64();
                     self.parents[base + g] = f as i32;
+                    // A lower score than the worst kept ranks below it whatever the ties:
+                    // most children stop at this one float compare.
+                    if s < floor {
+                        continue;
+                    }
                     let key = RankKey::new(s, 0, g as u32);
                     if few {
                         keep_best(&mut keys, k, key);
+                        if keys.len() == k {
+                            floor = keys[k - 1].score();
+                        }
                     } else {
                         keys.push(key);
                     }
