@@ -212,6 +212,27 @@ def test_dynamic_builder_in_place_matches_reference(batch, topk, depth, data, id
         )
 
 
+@pytest.mark.parametrize("sort", [True, False])
+def test_deep_dynamic_tree_matches_reference(sort):
+    """The demo's deep configuration (K=8, 15 levels, 48 nodes): `build` selects from the
+    candidates that score at least the frontiers' bound, with ties at that bound."""
+    batch, topk, depth, budget = 3, 8, 15, 48
+    rng = np.random.default_rng(7 + sort)
+    rust = ss.DynamicTreeBuilder(batch, topk, depth, budget)
+    oracle = ref.DynamicTreeBuilder(batch, topk, depth, budget)
+    roots = rng.integers(0, 50, size=batch)
+    tok, lp = random_step(rng, (batch, topk), sort=sort)
+    rust.start(roots, tok, lp)
+    oracle.start(roots.tolist(), tok.tolist(), lp.tolist())
+    for _ in range(depth - 1):
+        tok, lp = random_step(rng, (batch, topk, topk), sort=sort)
+        rust.expand(tok, lp / 8)  # shallow steps: many near-equal paths compete
+        oracle.expand(tok.tolist(), (lp / 8).tolist())
+    for order in ("pool", "depth_first"):
+        tb, idx = rust.build(order)
+        assert (tb.parents.tolist(), tb.tokens.tolist(), idx.tolist()) == oracle.build(order)
+
+
 def test_dynamic_builder_start_takes_prefix_lens_as_before():
     """`start` reads `prefix_lens` as an int (Python, numpy scalar, 0-d array, bool) for every
     request or an int32 / int64 / uint32 array, one per request."""

@@ -21,7 +21,7 @@
 use ndarray::{ArrayView1, ArrayView2, ArrayView3};
 
 use crate::error::{Error, Result};
-use crate::topology::{score_key, select_top_scores, RankKey, ScoreLike};
+use crate::topology::{score_key, score_of_key, select_top_scores, RankKey, ScoreLike};
 use crate::tree::{depth_first_order, IndexLike, TreeBatch, MAX_NODES};
 
 /// What the next draft forward needs, row-major.
@@ -100,7 +100,9 @@ pub struct DynamicTreeBuilder {
     scores: Vec<f64>,
     tokens: Vec<i64>,
     parents: Vec<i32>,
-    /// `[B, K]` pool index of each frontier slot.
+    /// `[depth, B, K]` pool index of every frontier slot of every level drafted so far (the
+    /// current frontier is level `level - 1`): `build` takes `K · level` candidates known to
+    /// be good from it, whose scores bound the selection's threshold.
     frontier: Vec<u32>,
     /// `[B, K, depth]` path of each frontier node: its ancestor's slot at each level, itself
     /// last (the first `level` entries hold them). Its mask row is one True per level, at
@@ -198,7 +200,8 @@ impl DynamicTreeBuilder {
                     ),
                 )
             })?;
-        // One slot per level of each frontier path: a `topk`-th of the mask.
+        // One slot per level of each frontier path, and every level's frontier: each a
+        // `topk`-th of the mask.
         let paths = mask / topk;
         Ok(DynamicTreeBuilder {
             batch,
@@ -212,7 +215,7 @@ impl DynamicTreeBuilder {
             scores: filled(batch * pool, 0.0)?,
             tokens: filled(batch * pool, 0)?,
             parents: filled(batch * pool, -1)?,
-            frontier: filled(batch * topk, 0)?,
+            frontier: filled(paths, 0)?,
             paths: filled(paths, 0)?,
             next_paths: filled(paths, 0)?,
             keys: Vec::with_capacity(topk * topk),
@@ -377,11 +380,11 @@ impl DynamicTreeBuilder {
     /// The frontier's tokens, positions and mask rows into `out` (`parent_index` is the
     /// caller's: it is known only while the frontier is chosen).
     fn write_step<M: From<bool>>(&self, out: StepOut<'_, M>) {
-        let k = self.topk;
-        for r in 0..self.batch {
+        let (b, k) = (self.batch, self.topk);
+        let current = &self.frontier[(self.level - 1) * b * k..][..b * k];
+        for r in 0..b {
             for j in 0..k {
-                out.tokens[r * k + j] =
-                    self.tokens[r * self.pool + self.frontier[r * k + j] as usize];
+                out.tokens[r * k + j] = self.tokens[r * self.pool + current[r * k + j] as usize];
                 out.positions[r * k + j] = self.prefix[r] + self.level as i64;
             }
         }
@@ -460,6 +463,7 @@ impl DynamicTreeBuilder {
         self.check_out(&out, self.level + 1)?;
         let base_step = k + (self.level - 1) * k * k;
         let (depth, level) = (self.depth, self.level);
+        let (current, next) = self.frontier[(level - 1) * b * k..].split_at_mut(b * k);
         let mut keys = std::mem::take(&mut self.keys);
         // Up to 16 children per slot, the frontier is kept sorted as the children come: a
         // few compares each, where the generic select and sort are most of a level's code.
@@ -469,7 +473,7 @@ impl DynamicTreeBuilder {
             keys.clear();
             let mut floor = f64::NEG_INFINITY;
             for j in 0..k {
-                let f = self.frontier[r * k + j] as usize;
+                let f = current[r * k + j] as usize;
                 let fs = self.scores[base + f];
                 for c in 0..k {
                     let g = base_step + j * k + c;
@@ -504,7 +508,7 @@ impl DynamicTreeBuilder {
                 let g = key.index() as usize;
                 let slot = (g - base_step) / k;
                 out.parent_index[r * k + j] = slot as i64;
-                self.frontier[r * k + j] = g as u32;
+                next[r * k + j] = g as u32;
                 // The parent's path, then this slot.
                 let src = &self.paths[(r * k + slot) * depth..][..level];
                 let dst = &mut self.next_paths[(r * k + j) * depth..][..=level];
@@ -554,12 +558,45 @@ impl DynamicTreeBuilder {
         let (mut tree_parents, mut tree_tokens) = (Vec::with_capacity(n), Vec::with_capacity(n));
         let mut tree_index = Vec::with_capacity(n - 1);
         let (mut dfs, mut links, mut new_of) = (Vec::with_capacity(n), Vec::new(), vec![0i32; n]);
+        // Every level's frontier holds K candidates; when they number at least n - 1, the
+        // (n-1)-th best of them scores no better than the (n-1)-th best of the pool, so only
+        // candidates scoring at least as well can be chosen. The selection runs on those (in the
+        // demo's 48-node trees 47 to 55 of 904), still in pool order, so ties resolve as before.
+        // Finding the bound costs a selection over the frontiers: worth it only when the pool
+        // (about K times the frontiers) is several times larger, as at K = 8, not at K = 2.
+        let frontier_len = self.topk * self.level;
+        let prune = n > 1 && frontier_len >= n - 1 && m >= 4 * frontier_len;
+        let mut survivors: Vec<u32> = Vec::with_capacity(if prune { m } else { 0 });
         for r in 0..b {
             let base = r * self.pool;
+            let scores = &self.scores[base..base + m];
             keys.clear();
             // Pool index grows with depth, so it breaks ties towards the shallower node.
-            keys.extend(self.scores[base..base + m].iter().map(|&s| score_key(s)));
+            if prune {
+                scratch.clear();
+                for l in 0..self.level {
+                    let front = &self.frontier[(l * b + r) * self.topk..][..self.topk];
+                    scratch.extend(front.iter().map(|&g| score_key(scores[g as usize])));
+                }
+                let (_, &mut bound, _) = scratch.select_nth_unstable(n - 2);
+                // `key <= bound` as a float compare (keys order like scores, -0.0 as 0.0).
+                let bound = score_of_key(bound);
+                survivors.clear();
+                for (g, &s) in scores.iter().enumerate() {
+                    if s >= bound {
+                        keys.push(score_key(s));
+                        survivors.push(g as u32);
+                    }
+                }
+            } else {
+                keys.extend(scores.iter().map(|&s| score_key(s)));
+            }
             select_top_scores(&keys, n - 1, &mut scratch, &mut chosen);
+            if prune {
+                for g in chosen.iter_mut() {
+                    *g = survivors[*g as usize];
+                }
+            }
             tree_parents.clear();
             tree_tokens.clear();
             tree_index.clear();
