@@ -14,43 +14,24 @@ call (the timer's own floor) and a no-op PyO3 getter (any call into the extensio
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import specsched as ss
-import torch
+from _first_step import first_dynamic_step
 from specsched import _core
-from specsched._cli_demo import DEMO_PROMPTS, _methods
-from specsched.generate import TargetStep, generate
-from specsched.models.tiny import WEIGHTS_DIR, TinyTarget, load_tiny
+from specsched.generate import TargetStep
+from specsched.models.tiny import TinyTarget
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=200, help="timed calls per kind")
     args = parser.parse_args()
-    torch.set_num_threads(1)
-    meta = json.loads((WEIGHTS_DIR / "config.json").read_text())
-    model, head = load_tiny(device="cpu")
-    prompts = [list(p) for p in DEMO_PROMPTS]
-
     # One real step: the drafter's first trees, kept for every forward below.
-    drafter = _methods(model, head, 16, meta["metrics"])["eagle dynamic tree, 16 nodes"]
-    first: list[Any] = []
-    propose = drafter.propose
-
-    def keep_first(roots: np.ndarray, active: np.ndarray) -> Any:
-        trees = propose(roots, active)
-        if not first:
-            first.append(trees)
-        return trees
-
-    drafter.propose = keep_first  # type: ignore[method-assign]
-    generate(TinyTarget(model), drafter, prompts, 8)
-    trees = first[0]
+    trees, drafter, model, prompts = first_dynamic_step()
     builder = drafter.builder
     assert builder is not None
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import json
 import shutil
 import sys
 import tempfile
@@ -91,32 +90,15 @@ def hot(builds: dict[str, ModuleType], reps: int) -> None:
 
 
 def cold(builds: dict[str, ModuleType], reps: int) -> None:
-    import torch
-    from specsched._cli_demo import DEMO_PROMPTS, _methods
-    from specsched.generate import generate
-    from specsched.models.tiny import WEIGHTS_DIR, TinyTarget, load_tiny
+    from _first_step import first_dynamic_step
+    from specsched.models.tiny import TinyTarget
 
-    torch.set_num_threads(1)
-    meta = json.loads((WEIGHTS_DIR / "config.json").read_text())
-    model, head = load_tiny(device="cpu")
-    prompts = [list(p) for p in DEMO_PROMPTS]
-    drafter = _methods(model, head, 16, meta["metrics"])["eagle dynamic tree, 16 nodes"]
-    first: list[Any] = []
-    propose = drafter.propose
-
-    def keep_first(roots: np.ndarray, active: np.ndarray) -> Any:
-        trees = propose(roots, active)
-        if not first:
-            first.append(trees)
-        return trees
-
-    drafter.propose = keep_first  # type: ignore[method-assign]
-    generate(TinyTarget(model), drafter, prompts, 8)
-    flat = (first[0].parents, first[0].tokens, first[0].offsets)
+    step_trees, _, model, prompts = first_dynamic_step()
+    flat = (step_trees.parents, step_trees.tokens, step_trees.offsets)
     trees = {side: core.TreeBatch.from_flat(*flat) for side, core in builds.items()}
     target = TinyTarget(model)
     target.prefill(prompts)
-    logits = target.forward_tree(first[0]).logits
+    logits = target.forward_tree(step_trees).logits
     results = {side: core.verify_greedy(trees[side], logits) for side, core in builds.items()}
     lengths = target.lengths.copy()
     builders = {}
@@ -154,7 +136,7 @@ def cold(builds: dict[str, ModuleType], reps: int) -> None:
             for side in ("this", "other") if rep % 2 else ("other", "this"):
                 if before is not None:
                     before(side)
-                lg = target.forward_tree(first[0]).logits
+                lg = target.forward_tree(step_trees).logits
                 t0 = clock()
                 call(side, lg)
                 times[name][side].append(clock() - t0)
