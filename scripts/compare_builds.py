@@ -54,6 +54,24 @@ def report(title: str, times: dict[str, dict[str, list[int]]]) -> None:
         print(f"{name:44s} {medians} {np.median(this / other):11.2f}")
 
 
+def primed_builders(
+    builds: dict[str, ModuleType],
+    shape: tuple[int, int, int, int],
+    logprobs: np.ndarray,
+    tokens: np.ndarray,
+) -> dict[str, Any]:
+    """A `DynamicTreeBuilder(*shape)` per build, its buffers holding roots, prefix lengths
+    and a top-k (broadcast to `[B, K, K]`) that every level may read again."""
+    builders = {}
+    for side, core in builds.items():
+        builder = core.DynamicTreeBuilder(*shape)
+        buf = builder.buffers
+        buf.root_tokens[:], buf.prefix_lens[:] = 1, 10
+        buf.topk_logprobs[:], buf.topk_tokens[:] = logprobs, tokens
+        builders[side] = builder
+    return builders
+
+
 def hot(builds: dict[str, ModuleType], reps: int) -> None:
     rng = np.random.default_rng(0)
     times: dict[str, dict[str, list[int]]] = {}
@@ -62,13 +80,7 @@ def hot(builds: dict[str, ModuleType], reps: int) -> None:
         logprobs = np.log(rng.dirichlet(np.ones(4 * k), size=(batch, k))[:, :, :k])
         logprobs = np.sort(logprobs, axis=-1)[..., ::-1].astype(np.float32)
         tokens = rng.integers(0, 256, size=(batch, k, k))
-        builders = {}
-        for side, core in builds.items():
-            builder = core.DynamicTreeBuilder(batch, k, depth, budget)
-            buf = builder.buffers
-            buf.root_tokens[:], buf.prefix_lens[:] = 1, 10
-            buf.topk_logprobs[:], buf.topk_tokens[:] = logprobs, tokens
-            builders[side] = builder
+        builders = primed_builders(builds, (batch, k, depth, budget), logprobs, tokens)
         label = f"B={batch} K={k} depth={depth} budget={budget}"
         rows = {step: f"{step} ({label})" for step in ("start", "expand", "build")}
         for row in rows.values():
@@ -101,14 +113,8 @@ def cold(builds: dict[str, ModuleType], reps: int) -> None:
     logits = target.forward_tree(step_trees).logits
     results = {side: core.verify_greedy(trees[side], logits) for side, core in builds.items()}
     lengths = target.lengths.copy()
-    builders = {}
-    for side, core in builds.items():
-        builder = core.DynamicTreeBuilder(4, 2, 15, 16)
-        buf = builder.buffers
-        buf.root_tokens[:], buf.prefix_lens[:] = 1, 10
-        buf.topk_logprobs[:] = np.log(np.array([0.6, 0.3], dtype=np.float32))
-        buf.topk_tokens[:] = np.arange(2)
-        builders[side] = builder
+    top2 = np.log(np.array([0.6, 0.3], dtype=np.float32))
+    builders = primed_builders(builds, (4, 2, 15, 16), top2, np.arange(2))
 
     def restart(side: str) -> None:
         builders[side].start_in_place()
