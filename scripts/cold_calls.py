@@ -55,7 +55,10 @@ def main() -> None:
         "no-op PyO3 getter": (None, lambda step: builder.level),
         "DynamicTreeBuilder.start_in_place": (None, lambda step: builder.start_in_place()),
         "DynamicTreeBuilder.expand_in_place": (restart, lambda step: builder.expand_in_place()),
-        "DynamicTreeBuilder.build": (draft_all_levels, lambda step: builder.build("depth_first")),
+        "DynamicTreeBuilder.build_in_place": (
+            draft_all_levels,
+            lambda step: builder.build_in_place("depth_first"),
+        ),
         "verify (greedy)": (None, lambda step: ss.verify(trees, step.logits)),
         "_core.verify_greedy": (None, lambda step: _core.verify_greedy(trees, step.logits)),
         "compact_kv": (

@@ -868,6 +868,22 @@ def builder_cases() -> None:
         "topk_logprobs",
         lambda: started_in_place(0.5).expand_in_place(),
     )
+    fn = "DynamicTreeBuilder.build_in_place"
+    bad(fn, "buffers never read", ValueError, "buffers", lambda: fresh().build_in_place())
+    bad(
+        fn,
+        "before start",
+        ValueError,
+        "start",
+        lambda: staged(np.full((1, 2, 2), -1.0)).build_in_place(),
+    )
+    bad(
+        fn,
+        "unknown order",
+        ValueError,
+        "order",
+        lambda: started_in_place(-1.0).build_in_place("bfs"),
+    )
 
     fn = "AcceptanceStats.update"
     bad(

@@ -526,9 +526,10 @@ def test_compare_builds_script_pairs_two_builds() -> None:
     headers = [i for i, line in enumerate(lines) if line.rstrip().endswith("(µs, medians)")]
     assert len(headers) == 2
     rows = [line for i, line in enumerate(lines) if i not in headers]
-    assert len(rows) == 9 + 5
+    assert len(rows) == 9 + 6
     assert any(row.startswith("expand (B=64 K=8") for row in rows)
     assert any(row.startswith("verify_greedy") for row in rows)
+    assert any(row.startswith("DynamicTreeBuilder build, the loop's") for row in rows)
     for row in rows:
         this, other, ratio = (float(x) for x in row[44:].split())
         assert this > 0 and other > 0 and ratio > 0

@@ -203,13 +203,13 @@ def test_dynamic_builder_in_place_matches_reference(batch, topk, depth, data, id
             assert as_lists(in_place_step(rust)) == [list(w) for w in want]
         if budget - 1 > topk + (levels - 1) * topk * topk:
             continue  # too few candidates drafted: build refuses (tested above)
-        tb, idx = rust.build()
-        parents, tokens, pool_index = oracle.build()
-        assert (tb.parents.tolist(), tb.tokens.tolist(), idx.tolist()) == (
-            parents,
-            tokens,
-            pool_index,
-        )
+        order = data.draw(st.sampled_from(["pool", "depth_first"]))
+        want = oracle.build(order)
+        tb, idx = rust.build(order)
+        assert (tb.parents.tolist(), tb.tokens.tolist(), idx.tolist()) == want
+        buf.pool_index[:] = -7  # stale contents must be overwritten
+        tb = rust.build_in_place(order)
+        assert (tb.parents.tolist(), tb.tokens.tolist(), buf.pool_index.tolist()) == want
 
 
 @pytest.mark.parametrize("sort", [True, False])
@@ -265,12 +265,13 @@ def test_dynamic_builder_buffers_are_one_block_reused_without_allocation():
     buf = builders[0].buffers
     assert builders[0].buffers is buf and buf.tokens is buf.tokens
     views = [buf.topk_tokens, buf.topk_logprobs, buf.tokens, buf.parent_index]
-    views += [buf.positions, buf.attention_mask]
+    views += [buf.positions, buf.attention_mask, buf.pool_index]
     block = buf.tokens.base
     while block.base is not None:
         block = block.base
     assert all(np.shares_memory(v, block) and v.flags.writeable for v in views)
-    assert [v.shape for v in views] == [(b, k, k)] * 2 + [(b, k)] * 3 + [(b, k, depth * k)]
+    shapes = [(b, k, k)] * 2 + [(b, k)] * 3 + [(b, k, depth * k), (b, 15)]
+    assert [v.shape for v in views] == shapes
     rng = np.random.default_rng(0)
     tok, lp = random_step(rng, (b, k, k))
     buf.topk_tokens[:], buf.topk_logprobs[:] = tok, lp
@@ -289,8 +290,12 @@ def test_dynamic_builder_buffers_are_one_block_reused_without_allocation():
             tracemalloc.stop()
     assert peaks[0] < 1024, peaks
     assert peaks[1] >= b * k * 2 * k, peaks  # the probe sees a returned mask
-    in_place, returned = (d.build() for d in builders)
-    assert np.array_equal(in_place[1], returned[1])
+    # `build_in_place` writes the pool indices into the block (a view of it, checked above);
+    # `build` returns them in a new array.
+    pool_index = buf.pool_index
+    trees, returned = builders[0].build_in_place(), builders[1].build()
+    assert buf.pool_index is pool_index and np.array_equal(pool_index, returned[1])
+    assert not np.shares_memory(returned[1], block) and trees == returned[0]
 
 
 @settings(max_examples=100, deadline=None)
@@ -393,10 +398,22 @@ def test_dynamic_builder_in_place_bad_input():
     block.flags.writeable = False
     with pytest.raises(ValueError, match="read-only"):
         b.expand_in_place()
+    with pytest.raises(ValueError, match="read-only"):
+        b.build_in_place()
     block.flags.writeable = True
     b.expand_in_place()
     with pytest.raises(ValueError, match="depth 2"):
         b.expand_in_place()
+    with pytest.raises(ValueError, match="order"):
+        b.build_in_place("bfs")
+    assert b.build_in_place().num_nodes == 6
+    with pytest.raises(ValueError, match="buffers"):
+        ss.DynamicTreeBuilder(2, 2, 2, 3).build_in_place()
+    unstarted = ss.DynamicTreeBuilder(2, 2, 2, 3)
+    unstarted.buffers.pool_index[:] = 5
+    with pytest.raises(ValueError, match="start"):
+        unstarted.build_in_place()
+    assert (unstarted.buffers.pool_index == 5).all()  # refused before anything was written
 
 
 def test_dynamic_builder_bad_input():

@@ -6,7 +6,8 @@
 //! request, the model's top `budget - 1` candidates (score, then depth, then pool index) as a
 //! tree in pool order, with the candidates' tokens and parents; `build_in(DepthFirst)` the
 //! same candidates, tokens and parents numbered in depth-first preorder, siblings by pool
-//! index (so every subtree is a run of nodes that starts with its lowest-index child). A
+//! index (so every subtree is a run of nodes that starts with its lowest-index child);
+//! `build_into` both of them, its indices written into a reused buffer. A
 //! twin builder stepped with `start_into` / `expand_into` into buffers with room for every
 //! level (junk bytes in them) holds each step too, zeros past its width.
 #![no_main]
@@ -195,6 +196,16 @@ fuzz_target!(|data: &[u8]| {
         }
     }
     let (dfs, dfs_index) = d.build_in(NodeOrder::DepthFirst).expect("pool order built");
+    // Into a reused buffer (junk from before): the same trees and indices.
+    for (order, (want_batch, want_index)) in [
+        (NodeOrder::Pool, (&batch, &pool_index)),
+        (NodeOrder::DepthFirst, (&dfs, &dfs_index)),
+    ] {
+        let mut buf = vec![i64::MIN; bs * (n - 1)];
+        let got = d.build_into(order, &mut buf).expect("built above");
+        assert_eq!(&got, want_batch);
+        assert_eq!(&buf, want_index);
+    }
     for r in 0..bs {
         let t = dfs.tree(r);
         let idx = &dfs_index[r * (n - 1)..(r + 1) * (n - 1)];

@@ -383,11 +383,13 @@ class DynamicTreeBuilder:
         """`(TreeBatch, pool_index [B, budget-1])` reranked from every drafted candidate."""
     @property
     def buffers(self) -> DraftBuffers:
-        """Persistent buffers (made on first use) for `start_in_place` / `expand_in_place`."""
+        """Persistent buffers (made on first use) for the `*_in_place` calls."""
     def start_in_place(self) -> None:
         """`start` from `buffers` (roots, prefix lengths, the root's top-k), into `buffers`."""
     def expand_in_place(self) -> None:
         """`expand` from `buffers.topk_tokens` / `buffers.topk_logprobs`, into `buffers`."""
+    def build_in_place(self, order: Literal["pool", "depth_first"] = "pool") -> TreeBatch:
+        """`build`, the pool indices written into `buffers.pool_index` (no new array)."""
 
 @final
 class DraftBuffers:
@@ -419,6 +421,9 @@ class DraftBuffers:
     @property
     def attention_mask(self) -> npt.NDArray[np.bool_]:
         """bool `[B, K, depth*K]`: after level L, the first `L*K` columns; the rest False."""
+    @property
+    def pool_index(self) -> npt.NDArray[np.int64]:
+        """int64 `[B, budget-1]`: the built trees' pool indices (written by `build_in_place`)."""
 
 @final
 class AcceptanceStats:

@@ -252,7 +252,7 @@ class EagleDrafter(_HeadDrafter):
         t0 = clock()
         # Depth first: the head's best path is nodes 0, 1, 2, ..., so an accepted prefix of it
         # needs no KV moves.
-        trees, _ = builder.build("depth_first")
+        trees = builder.build_in_place("depth_first")
         state.build_seconds += clock() - t0
         return trees
 

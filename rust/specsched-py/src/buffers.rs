@@ -1,11 +1,11 @@
 //! `DraftBuffers`: the persistent numpy buffers of one `DynamicTreeBuilder`, for a decode loop
 //! that writes the draft's top-k into them (e.g. `torch.topk(..., out=...)` on
-//! `torch.from_numpy` views) and reads each step from them, with nothing extracted or
-//! allocated per draft level.
+//! `torch.from_numpy` views) and reads each step (and the built trees' pool indices) from
+//! them, with nothing extracted or allocated per draft level.
 //!
 //! All buffers are typed views of one byte block, so a step takes a single rust-numpy borrow
 //! (of the block) for everything it reads and writes: a concurrent specsched call holding any
-//! of the views is refused instead of racing, and the step pays for one borrow, not eight.
+//! of the views is refused instead of racing, and the step pays for one borrow, not nine.
 
 use ndarray::{ArrayView1, ArrayView3};
 use numpy::PyArray1;
@@ -17,12 +17,17 @@ use specsched_core::topology::dynamic::StepOut;
 
 use crate::convert::zeros;
 
+/// Fields of the block.
+const FIELDS: usize = 9;
+
 /// Byte layout of the block: the 8-byte fields first, so every field is aligned given the
 /// block's (numpy allocates at least 16-byte aligned).
 #[derive(Clone, Copy, Debug)]
 pub struct Layout {
     batch: usize,
     topk: usize,
+    /// Nodes per built tree, the root included (`pool_index` holds `budget - 1` a request).
+    budget: usize,
     /// Mask columns per row: `depth · K`, room for every level.
     pub mask_stride: usize,
 }
@@ -35,6 +40,8 @@ pub struct Parts<'a> {
     pub topk_tokens: ArrayView3<'a, i64>,
     pub topk_logprobs: ArrayView3<'a, f32>,
     pub out: StepOut<'a, u8>,
+    /// `[B, budget - 1]` row-major, written by `build_in_place`.
+    pub pool_index: &'a mut [i64],
 }
 
 /// One field of the block: its numpy dtype, item size and shape (the first `ndim` dims).
@@ -67,19 +74,21 @@ impl Field {
 }
 
 impl Layout {
-    pub fn new(batch: usize, topk: usize, depth: usize) -> Self {
+    pub fn new(batch: usize, topk: usize, depth: usize, budget: usize) -> Self {
         Layout {
             batch,
             topk,
+            budget,
             mask_stride: depth * topk,
         }
     }
 
     /// Each field, in block order: root_tokens, prefix_lens, topk_tokens, tokens,
-    /// parent_index, positions, topk_logprobs, attention_mask. No allocation: every step
+    /// parent_index, positions, pool_index, topk_logprobs, attention_mask. No allocation: every step
     /// splits the block by it, right after a model forward, where each `malloc` costs. The
-    /// builder bounds `batch · topk · depth · topk`, so no product here overflows.
-    fn fields(&self) -> [Field; 8] {
+    /// builder bounds `batch · topk · depth · topk` and `batch · budget`, so no product here
+    /// overflows.
+    fn fields(&self) -> [Field; FIELDS] {
         let (b, k, w) = (self.batch, self.topk, self.mask_stride);
         let int64 = |shape: &[usize]| Field::new("int64", 8, shape);
         [
@@ -89,12 +98,13 @@ impl Layout {
             int64(&[b, k]),
             int64(&[b, k]),
             int64(&[b, k]),
+            int64(&[b, self.budget - 1]),
             Field::new("float32", 4, &[b, k, k]),
             Field::new("bool", 1, &[b, k, w]),
         ]
     }
 
-    fn field_bytes(&self) -> [usize; 8] {
+    fn field_bytes(&self) -> [usize; FIELDS] {
         self.fields().map(|f| f.bytes())
     }
 
@@ -110,8 +120,8 @@ impl Layout {
         if block.len() != self.bytes() {
             return Err(internal("length"));
         }
-        let [root, pre, tt, tok, par, pos, lp, _] = self.field_bytes();
-        let (ints, rest) = block.split_at_mut(root + pre + tt + tok + par + pos);
+        let [root, pre, tt, tok, par, pos, idx, lp, _] = self.field_bytes();
+        let (ints, rest) = block.split_at_mut(root + pre + tt + tok + par + pos + idx);
         let (lp, mask) = rest.split_at_mut(lp);
         let ints: &mut [i64] = bytemuck::try_cast_slice_mut(ints).map_err(|_| internal("int64"))?;
         let lp: &[f32] = bytemuck::try_cast_slice(lp).map_err(|_| internal("float32"))?;
@@ -119,7 +129,8 @@ impl Layout {
         let (prefix_lens, ints) = ints.split_at_mut(pre / 8);
         let (topk_tokens, ints) = ints.split_at_mut(tt / 8);
         let (tokens, ints) = ints.split_at_mut(tok / 8);
-        let (parent_index, positions) = ints.split_at_mut(par / 8);
+        let (parent_index, ints) = ints.split_at_mut(par / 8);
+        let (positions, pool_index) = ints.split_at_mut(pos / 8);
         let topk = (self.batch, self.topk, self.topk);
         let shape = |e| internal(&format!("shape: {e}"));
         Ok(Parts {
@@ -134,6 +145,7 @@ impl Layout {
                 mask,
                 mask_stride: self.mask_stride,
             },
+            pool_index,
         })
     }
 }
@@ -141,8 +153,9 @@ impl Layout {
 /// The buffers of one `DynamicTreeBuilder` (its `buffers` attribute), numpy views of one
 /// block: write the roots, prefix lengths and the draft's top-k into `root_tokens`,
 /// `prefix_lens`, `topk_tokens` / `topk_logprobs`, call `start_in_place` / `expand_in_place`,
-/// read the step from the other four. Each call
-/// overwrites the step outputs, as a CUDA-graph runner's static buffers are.
+/// read the step from `tokens`, `parent_index`, `positions` and `attention_mask`, and after
+/// `build_in_place` the trees' pool indices from `pool_index`. Each call overwrites its
+/// outputs, as a CUDA-graph runner's static buffers are.
 #[pyclass(module = "specsched", name = "DraftBuffers", frozen)]
 pub struct PyDraftBuffers {
     pub block: Py<PyArray1<u8>>,
@@ -154,6 +167,7 @@ pub struct PyDraftBuffers {
     tokens: Py<PyAny>,
     parent_index: Py<PyAny>,
     positions: Py<PyAny>,
+    pool_index: Py<PyAny>,
     attention_mask: Py<PyAny>,
 }
 
@@ -161,7 +175,7 @@ impl PyDraftBuffers {
     pub fn new(py: Python<'_>, layout: Layout) -> PyResult<Self> {
         // A failed allocation is numpy's MemoryError (the builder bounds the size).
         let block = zeros::<u8>(py, &[layout.bytes()])?.cast_into::<PyArray1<u8>>()?;
-        let mut views = Vec::with_capacity(8);
+        let mut views = Vec::with_capacity(FIELDS);
         let mut at = 0isize;
         for field in layout.fields() {
             let end = at + field.bytes() as isize;
@@ -173,10 +187,10 @@ impl PyDraftBuffers {
             views.push(view.unbind());
             at = end;
         }
-        let views: [Py<PyAny>; 8] = views
+        let views: [Py<PyAny>; FIELDS] = views
             .try_into()
             .map_err(|_| PyValueError::new_err("buffers: internal layout error"))?;
-        let [root_tokens, prefix_lens, topk_tokens, tokens, parent_index, positions, topk_logprobs, attention_mask] =
+        let [root_tokens, prefix_lens, topk_tokens, tokens, parent_index, positions, pool_index, topk_logprobs, attention_mask] =
             views;
         Ok(PyDraftBuffers {
             block: block.unbind(),
@@ -188,6 +202,7 @@ impl PyDraftBuffers {
             tokens,
             parent_index,
             positions,
+            pool_index,
             attention_mask,
         })
     }
@@ -230,6 +245,12 @@ impl PyDraftBuffers {
     #[getter]
     fn positions(&self, py: Python<'_>) -> Py<PyAny> {
         self.positions.clone_ref(py)
+    }
+    /// int64 `[B, budget - 1]`: the pool index of each built tree's draft nodes, in node order
+    /// (written by `build_in_place`).
+    #[getter]
+    fn pool_index(&self, py: Python<'_>) -> Py<PyAny> {
+        self.pool_index.clone_ref(py)
     }
     /// bool `[B, K, depth·K]`: the draft mask; after level `L` its first `L·K` columns are the
     /// step's `attention_mask` and the rest are False.

@@ -187,17 +187,17 @@ impl PyDynamicTreeBuilder {
     /// Runs `step` on the builder state and its buffers' parts: one borrow of the block, the
     /// GIL released. The buffers must have been read first (the caller writes the inputs
     /// into them).
-    fn step_in_place(
+    fn step_in_place<T: Send>(
         &mut self,
         py: Python<'_>,
         call: &str,
-        step: impl for<'a> FnOnce(&mut DynamicTreeBuilder, Parts<'a>) -> specsched_core::Result<()>
+        step: impl for<'a> FnOnce(&mut DynamicTreeBuilder, Parts<'a>) -> specsched_core::Result<T>
             + Send,
-    ) -> PyResult<()> {
+    ) -> PyResult<T> {
         let bufs = self.buffers.as_ref().ok_or_else(|| {
             PyValueError::new_err(format!(
-                "{call}: reads its inputs from the builder's `buffers`: get them and write \
-                 the roots, prefix lengths and the draft's top-k into them first"
+                "{call}: works on the builder's `buffers`: get them first (and write the \
+                 roots, prefix lengths and the draft's top-k into them)"
             ))
         })?;
         let bufs = bufs.get();
@@ -205,6 +205,17 @@ impl PyDynamicTreeBuilder {
         let parts = bufs.layout.split(block.as_slice_mut()?)?;
         let inner = &mut self.inner;
         py.detach(|| step(inner, parts)).py()
+    }
+}
+
+/// `order` of `build`: "pool" or "depth_first".
+fn node_order(order: &str) -> PyResult<NodeOrder> {
+    match order {
+        "pool" => Ok(NodeOrder::Pool),
+        "depth_first" => Ok(NodeOrder::DepthFirst),
+        o => Err(PyValueError::new_err(format!(
+            "order: expected 'pool' or 'depth_first', got {o:?}"
+        ))),
     }
 }
 
@@ -316,7 +327,8 @@ impl PyDynamicTreeBuilder {
         if let Some(b) = &self.buffers {
             return Ok(b.clone_ref(py));
         }
-        let layout = Layout::new(self.inner.batch(), self.inner.topk(), self.inner.depth());
+        let i = &self.inner;
+        let layout = Layout::new(i.batch(), i.topk(), i.depth(), i.budget());
         let b = Py::new(py, PyDraftBuffers::new(py, layout)?)?;
         self.buffers = Some(b.clone_ref(py));
         Ok(b)
@@ -349,19 +361,23 @@ impl PyDynamicTreeBuilder {
         py: Python<'py>,
         order: &str,
     ) -> PyResult<(PyTreeBatch, Bound<'py, PyArrayDyn<i64>>)> {
-        let order = match order {
-            "pool" => NodeOrder::Pool,
-            "depth_first" => NodeOrder::DepthFirst,
-            o => {
-                return Err(PyValueError::new_err(format!(
-                    "order: expected 'pool' or 'depth_first', got {o:?}"
-                )))
-            }
-        };
+        let order = node_order(order)?;
         let inner = &self.inner;
         let (batch, idx) = py.detach(|| inner.build_in(order)).py()?;
         let shape = [inner.batch(), inner.budget() - 1];
         Ok((PyTreeBatch { inner: batch }, owned(py, idx, &shape)?))
+    }
+
+    /// `build` writing the pool indices into `buffers.pool_index` instead of a new array:
+    /// returns the TreeBatch alone (right after a draft forward a new numpy array costs more
+    /// than the rest of the call's work on a small tree).
+    #[pyo3(signature = (order="pool"))]
+    fn build_in_place(&mut self, py: Python<'_>, order: &str) -> PyResult<PyTreeBatch> {
+        let order = node_order(order)?;
+        let batch = self.step_in_place(py, "build_in_place", |inner, p| {
+            inner.build_into(order, p.pool_index)
+        })?;
+        Ok(PyTreeBatch { inner: batch })
     }
 
     fn __repr__(&self) -> String {

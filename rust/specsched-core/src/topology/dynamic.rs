@@ -535,6 +535,26 @@ impl DynamicTreeBuilder {
 
     /// [`Self::build`] with each tree's nodes in `order`.
     pub fn build_in(&self, order: NodeOrder) -> Result<(TreeBatch, Vec<i64>)> {
+        let mut pool_index = vec![0; self.batch * (self.budget - 1)];
+        let batch = self.build_into(order, &mut pool_index)?;
+        Ok((batch, pool_index))
+    }
+
+    /// [`Self::build_in`] writing the pool indices into `pool_index` (`[B, budget - 1]`
+    /// row-major) instead of a new vector: a decode loop's persistent buffer.
+    pub fn build_into(&self, order: NodeOrder, pool_index: &mut [i64]) -> Result<TreeBatch> {
+        if pool_index.len() != self.batch * (self.budget - 1) {
+            return Err(Error::value(
+                "pool_index",
+                format!(
+                    "expected {} entries ([{}, {}]), got {}",
+                    self.batch * (self.budget - 1),
+                    self.batch,
+                    self.budget - 1,
+                    pool_index.len()
+                ),
+            ));
+        }
         if self.level == 0 {
             return Err(Error::value("build", "call start() before build()"));
         }
@@ -552,7 +572,6 @@ impl DynamicTreeBuilder {
         let b = self.batch;
         let mut parents = Vec::with_capacity(b * n);
         let mut tokens = Vec::with_capacity(b * n);
-        let mut pool_index = Vec::with_capacity(b * (n - 1));
         let (mut keys, mut scratch) = (Vec::with_capacity(m), Vec::with_capacity(m));
         let mut chosen = Vec::with_capacity(n - 1);
         let mut node_of = vec![0i32; m];
@@ -613,11 +632,12 @@ impl DynamicTreeBuilder {
                 tree_tokens.push(self.tokens[base + g]);
                 tree_index.push(g as i64);
             }
+            let row_index = &mut pool_index[r * (n - 1)..(r + 1) * (n - 1)];
             match order {
                 NodeOrder::Pool => {
                     parents.extend_from_slice(&tree_parents);
                     tokens.extend_from_slice(&tree_tokens);
-                    pool_index.extend_from_slice(&tree_index);
+                    row_index.copy_from_slice(&tree_index);
                 }
                 NodeOrder::DepthFirst => {
                     // Siblings are one draft step's candidates of one parent, in rank order,
@@ -628,22 +648,21 @@ impl DynamicTreeBuilder {
                     }
                     parents.push(-1);
                     tokens.push(tree_tokens[0]);
-                    for &old in &dfs[1..] {
+                    for (slot, &old) in row_index.iter_mut().zip(&dfs[1..]) {
                         let old = old as usize;
                         parents.push(new_of[tree_parents[old] as usize]);
                         tokens.push(tree_tokens[old]);
-                        pool_index.push(tree_index[old - 1]);
+                        *slot = tree_index[old - 1];
                     }
                 }
             }
         }
         let offsets: Vec<i64> = (0..=b as i64).map(|i| i * n as i64).collect();
-        let batch = TreeBatch::from_views(
+        TreeBatch::from_views(
             ArrayView1::from(&parents),
             ArrayView1::from(&tokens),
             ArrayView1::from(&offsets),
-        )?;
-        Ok((batch, pool_index))
+        )
     }
 }
 
@@ -682,6 +701,15 @@ mod tests {
         let e = d.expand(tok.view(), lp.view());
         assert!(e.is_ok());
         assert!(d.expand(tok.view(), lp.view()).is_err());
+        // Into a caller's buffer: the same tree and indices, or an error naming the buffer.
+        for order in [NodeOrder::Pool, NodeOrder::DepthFirst] {
+            let (batch, idx) = d.build_in(order).unwrap();
+            let mut buf = [-1i64; 3];
+            assert_eq!(d.build_into(order, &mut buf).unwrap(), batch);
+            assert_eq!(buf.as_slice(), idx.as_slice());
+            let err = d.build_into(order, &mut buf[..2]).unwrap_err();
+            assert!(err.to_string().contains("pool_index"), "{err}");
+        }
     }
 
     /// Caller buffers for one step: `[B, K]` tokens, parents and positions, a `u8` mask.
