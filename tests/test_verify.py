@@ -8,6 +8,7 @@ GIL release.
 
 from __future__ import annotations
 
+import inspect
 import itertools
 import random
 import subprocess
@@ -525,6 +526,34 @@ def test_result_arrays_are_read_only():
 
 
 # ---------------------------------------------------------------------------- bad input
+
+
+def test_front_door_keeps_the_documented_call():
+    """`verify(tree, logits)` on host numpy logits goes straight to Rust and every other call
+    to the full function: the same results either way, the documented keyword-only signature
+    for `inspect` / help(), and Python's own errors for a bad call, naming `verify`."""
+    sig = inspect.signature(ss.verify)
+    assert list(sig.parameters)[:3] == ["tree", "logits", "target_tokens"]
+    kinds = {name: p.kind for name, p in sig.parameters.items()}
+    assert kinds["logits"] is inspect.Parameter.POSITIONAL_OR_KEYWORD
+    assert {kinds[k] for k in list(kinds)[2:]} == {inspect.Parameter.KEYWORD_ONLY}
+    assert ss.verify.__name__ == "verify" and "Verifies `tree`" in (ss.verify.__doc__ or "")
+    b = ss.TreeBatch([ss.Tree(P5, T5), ss.Tree.chain([1, 2])])
+    logits = np.random.default_rng(0).standard_normal((7, 16)).astype(np.float32)
+    logits[[0, 1, 5], [T5[1], T5[3], 2]] = 9.0  # two draft tokens of the tree, the chain's one
+    fast = ss.verify(b, logits)
+    for spelled_out in (
+        ss.verify(b, logits=logits),
+        ss.verify(b, logits, reduce="host"),
+        ss.verify(b, logits, seed=None, temperature=None),
+    ):
+        assert spelled_out.num_accepted.tolist() == fast.num_accepted.tolist()
+        assert spelled_out.tokens.tolist() == fast.tokens.tolist()
+    assert fast.num_accepted.tolist() == [2, 1]
+    with pytest.raises(TypeError, match=r"verify\(\) got an unexpected keyword argument 'sed'"):
+        ss.verify(b, logits, sed=1)
+    with pytest.raises(TypeError, match=r"verify\(\) takes from 1 to 2 positional arguments"):
+        ss.verify(b, logits, None)
 
 
 def test_bad_input():

@@ -11,8 +11,9 @@ sample per node) and only `[T]` choices cross to the host.
 
 from __future__ import annotations
 
+import functools
 import secrets
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
@@ -64,19 +65,6 @@ def verify(
     is Medusa's typical acceptance with `posterior_threshold` / `posterior_alpha`: it CHANGES
     the output distribution (lossy) and is never the default.
     """
-    # The decode loop's call first, in as few bytecodes as it takes: greedy on host numpy
-    # logits. Right after a model forward every Python function called here costs µs.
-    if (
-        type(logits) is np.ndarray
-        and target_tokens is None
-        and temperature is None
-        and top_k is None
-        and top_p is None
-        and draft_probs is None
-        and rule is None
-        and (reduce == "auto" or reduce == "host")
-    ):
-        return _core.verify_greedy(tree, logits)
     if (logits is None) == (target_tokens is None):
         raise TypeError("verify: pass exactly one of logits or target_tokens")
     if reduce not in ("auto", "host", "device"):
@@ -117,6 +105,27 @@ def verify(
         array, dtype = _torch.cpu_view(logits)
         return _core.verify_greedy(tree, array, dtype)
     return _core.verify_greedy(tree, logits)
+
+
+_verify = verify
+# Module names for the front door below: one dict lookup each instead of two.
+_NDARRAY = np.ndarray
+_verify_greedy = _core.verify_greedy
+
+if not TYPE_CHECKING:
+
+    @functools.wraps(_verify)
+    def verify(tree, logits=None, **options):
+        # The decode loop's call, `verify(tree, logits)` on host numpy logits, in as few
+        # bytecodes and lookups as it takes: right after a model forward each costs. The
+        # options are a `**` dict, not `_verify`'s keyword-only parameters, because CPython
+        # fills each missing keyword-only default by a dict lookup on a call path it does not
+        # specialize (`inspect.signature` and help() still show `_verify`'s). In the demo's
+        # loop, alternating per step with the keyword-only function: 1.0-2.6 µs less a call,
+        # and 0.4-1.9 µs less again for the module names.
+        if not options and type(logits) is _NDARRAY:
+            return _verify_greedy(tree, logits)
+        return _verify(tree, logits, **options)
 
 
 def _reduce_on_device(logits: Any, reduce: Reduce) -> bool:
