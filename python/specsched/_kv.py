@@ -18,6 +18,9 @@ Result = VerifyResult | BatchVerifyResult
 
 # Length arguments that are never torch tensors: Rust reads them as they are.
 _HOST_LENGTHS = frozenset({np.ndarray, int})
+# Module names for compact_kv's decode-loop call: one dict lookup each instead of two.
+_NDARRAY = np.ndarray
+_compact_kv = _core.compact_kv
 
 
 def kv_compaction_plan(result: Result, prefix_lens: Any) -> tuple[np.ndarray, ...]:
@@ -48,8 +51,8 @@ def compact_kv(
     """
     # The decode loop's call first: a host numpy cache and host lengths go straight to Rust.
     # Right after a model forward every Python function called here costs µs.
-    if type(cache) is np.ndarray and type(prefix_lens) in _HOST_LENGTHS:
-        return _core.compact_kv(cache, result, prefix_lens, seq_dim, batch_dim)
+    if type(cache) is _NDARRAY and type(prefix_lens) in _HOST_LENGTHS:
+        return _compact_kv(cache, result, prefix_lens, seq_dim, batch_dim)
     prefix_lens = _torch.host_array(prefix_lens, "prefix_lens")
     if _torch.is_tensor(cache):
         _torch.check_has_data(cache, "cache")
