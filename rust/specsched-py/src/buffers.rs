@@ -84,10 +84,10 @@ impl Layout {
     }
 
     /// Each field, in block order: root_tokens, prefix_lens, topk_tokens, tokens,
-    /// parent_index, positions, pool_index, topk_logprobs, attention_mask. No allocation: every step
-    /// splits the block by it, right after a model forward, where each `malloc` costs. The
-    /// builder bounds `batch · topk · depth · topk` and `batch · budget`, so no product here
-    /// overflows.
+    /// parent_index, positions, pool_index, topk_logprobs, attention_mask. No allocation:
+    /// every step splits the block by it, right after a model forward, where each `malloc`
+    /// costs. The builder bounds `batch · topk · depth · topk`, and with it `batch · budget`
+    /// (a budget past the pool is refused), so no product here overflows.
     fn fields(&self) -> [Field; FIELDS] {
         let (b, k, w) = (self.batch, self.topk, self.mask_stride);
         let int64 = |shape: &[usize]| Field::new("int64", 8, shape);
