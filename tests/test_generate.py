@@ -423,6 +423,59 @@ def test_chain_drafter_drafts_the_topk1_dynamic_chain(shipped: tuple[Any, Any]) 
     assert chain.build_seconds > 0
 
 
+class _LevelCounter:
+    """A `DynamicTreeBuilder` stand-in counting the draft levels; with `never_settle`, it
+    hides `settled` from the drafter, which then drafts every level."""
+
+    def __init__(self, builder: ss.DynamicTreeBuilder, never_settle: bool) -> None:
+        self.builder, self.never_settle, self.levels = builder, never_settle, 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.builder, name)
+
+    def start_in_place(self) -> bool:
+        self.levels += 1
+        return self.builder.start_in_place() and not self.never_settle
+
+    def expand_in_place(self) -> bool:
+        self.levels += 1
+        return self.builder.expand_in_place() and not self.never_settle
+
+
+def test_dynamic_drafter_stops_drafting_once_settled(shipped: tuple[Any, Any]) -> None:
+    """The dynamic drafter stops at the level where no deeper candidate can enter any tree
+    (`DynamicTreeBuilder.settled`): every step's trees are the ones drafting every level
+    gives, in fewer draft levels."""
+    target, head = shipped
+    proposed: dict[bool, list[tuple[list[int], list[int]]]] = {True: [], False: []}
+    counters: dict[bool, _LevelCounter] = {}
+
+    def drafter(never_settle: bool) -> EagleDrafter:
+        d = EagleDrafter(target, head, topk=2, depth=10, budget=8)
+        start, propose = d.start, d.propose
+
+        def counted_start(*args: Any) -> None:
+            start(*args)
+            assert d.builder is not None
+            counters[never_settle] = _LevelCounter(d.builder, never_settle)
+            d.builder = counters[never_settle]  # type: ignore[assignment]
+
+        def recorded(roots: np.ndarray, active: np.ndarray) -> ss.TreeBatch:
+            trees = propose(roots, active)
+            proposed[never_settle].append((trees.parents.tolist(), trees.tokens.tolist()))
+            return trees
+
+        d.start, d.propose = counted_start, recorded  # type: ignore[method-assign,assignment]
+        return d
+
+    runs = [generate(TinyTarget(target), drafter(n), PROMPTS, 32) for n in (True, False)]
+    assert runs[0].tokens == runs[1].tokens
+    assert proposed[True] == proposed[False] and len(proposed[True]) > 3
+    steps = len(proposed[True])
+    assert counters[True].levels == 10 * steps
+    assert counters[False].levels < counters[True].levels
+
+
 def test_shipped_model_ships_its_metrics() -> None:
     import json
 

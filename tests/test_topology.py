@@ -12,7 +12,7 @@ import math
 import numpy as np
 import pytest
 import specsched as ss
-from hypothesis import given, settings
+from hypothesis import event, given, settings
 from hypothesis import strategies as st
 from specsched import reference as ref
 
@@ -152,6 +152,7 @@ def test_dynamic_builder_matches_reference(batch, topk, depth, data, fdt):
         want = oracle.expand(tok.tolist(), lp.tolist())
         assert as_lists(got) == [list(w) for w in want]
         assert got[2].shape == (batch, topk, rust.level * topk)
+        assert rust.settled == oracle.settled
     assert rust.level == steps
     drafted = topk + (steps - 1) * topk * topk
     if budget - 1 > drafted:
@@ -192,15 +193,17 @@ def test_dynamic_builder_in_place_matches_reference(batch, topk, depth, data, id
         prefix = rng.integers(0, 9, size=batch)
         buf.topk_tokens[:, 0], buf.topk_logprobs[:, 0] = tok, lp
         buf.root_tokens[:], buf.prefix_lens[:] = roots.astype(idt), prefix.astype(idt)
-        rust.start_in_place()
+        settled = rust.start_in_place()
         want = oracle.start(roots.tolist(), tok.tolist(), lp.tolist(), prefix.tolist())
         assert as_lists(in_place_step(rust)) == [list(w) for w in want]
+        assert settled is rust.settled is oracle.settled
         for _ in range(levels - 1):
             tok, lp = random_step(rng, (batch, topk, topk))
             buf.topk_tokens[:], buf.topk_logprobs[:] = tok, lp
-            rust.expand_in_place()
+            settled = rust.expand_in_place()
             want = oracle.expand(tok.tolist(), lp.tolist())
             assert as_lists(in_place_step(rust)) == [list(w) for w in want]
+            assert settled is rust.settled is oracle.settled
         if budget - 1 > topk + (levels - 1) * topk * topk:
             continue  # too few candidates drafted: build refuses (tested above)
         order = data.draw(st.sampled_from(["pool", "depth_first"]))
@@ -210,6 +213,43 @@ def test_dynamic_builder_in_place_matches_reference(batch, topk, depth, data, id
         buf.pool_index[:] = -7  # stale contents must be overwritten
         tb = rust.build_in_place(order)
         assert (tb.parents.tolist(), tb.tokens.tolist(), buf.pool_index.tolist()) == want
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.integers(1, 3), st.integers(1, 3), st.integers(2, 6), st.data())
+def test_a_settled_builder_builds_what_more_levels_would(batch, topk, depth, data):
+    """Once `settled`, it stays so, and drafting further levels leaves `build` unchanged
+    (trees and pool indices, both orders): a loop that stops there verifies the same trees
+    with fewer draft forwards. Before, `settled` is the reference's (checked above), so it is
+    not true too late either."""
+    budget, rng = drawn_budget_and_rng(data, topk, depth)
+    roots = rng.integers(0, 50, size=batch)
+    steps = [random_step(rng, (batch, topk))]
+    steps += [random_step(rng, (batch, topk, topk)) for _ in range(depth - 1)]
+
+    def drafted(levels):
+        b = ss.DynamicTreeBuilder(batch, topk, depth, budget)
+        b.start(roots, *steps[0])
+        settled = [b.settled]
+        for tok, lp in steps[1:levels]:
+            b.expand(tok, lp)
+            settled.append(b.settled)
+        return b, settled
+
+    full, settled = drafted(depth)
+    event(f"settled: {True in settled}")
+    if True not in settled:
+        return
+    first = settled.index(True)
+    assert all(settled[first:])
+    early, _ = drafted(first + 1)
+    for order in ("pool", "depth_first"):
+        (want, want_idx), (got, got_idx) = full.build(order), early.build(order)
+        assert (got.parents.tolist(), got.tokens.tolist()) == (
+            want.parents.tolist(),
+            want.tokens.tolist(),
+        )
+        assert got_idx.tolist() == want_idx.tolist()
 
 
 @pytest.mark.parametrize("sort", [True, False])

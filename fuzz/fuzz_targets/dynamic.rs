@@ -7,7 +7,8 @@
 //! tree in pool order, with the candidates' tokens and parents; `build_in(DepthFirst)` the
 //! same candidates, tokens and parents numbered in depth-first preorder, siblings by pool
 //! index (so every subtree is a run of nodes that starts with its lowest-index child);
-//! `build_into` both of them, its indices written into a reused buffer. A
+//! `build_into` both of them, its indices written into a reused buffer; `settled` after
+//! every step is the model's (no candidate can still enter a tree). A
 //! twin builder stepped with `start_into` / `expand_into` into buffers with room for every
 //! level (junk bytes in them) holds each step too, zeros past its width.
 #![no_main]
@@ -76,6 +77,24 @@ fuzz_target!(|data: &[u8]| {
     let mut pool: Vec<Vec<(f64, i64, i64, u32)>> = vec![vec![]; bs];
     let mut frontiers: Vec<Vec<Vec<usize>>> = vec![vec![]; bs]; // per level, slot -> pool idx
     let prefix: Vec<i64> = (0..bs).map(|_| b.below(5) as i64).collect();
+    // `settled` of the model: every request has budget - 1 frontier nodes (all levels) and
+    // its best current frontier score is at most the (budget - 1)-th best of them.
+    let settled = |pool: &[Vec<(f64, i64, i64, u32)>], frontiers: &[Vec<Vec<usize>>]| {
+        (0..bs).all(|r| {
+            let mut fed: Vec<f64> = frontiers[r]
+                .iter()
+                .flatten()
+                .map(|&g| pool[r][g].0)
+                .collect();
+            fed.sort_by(|x, y| y.partial_cmp(x).unwrap());
+            let front = frontiers[r].last().unwrap();
+            let best = front
+                .iter()
+                .map(|&g| pool[r][g].0)
+                .fold(f64::NEG_INFINITY, f64::max);
+            fed.len() >= budget - 1 && (budget == 1 || best <= fed[budget - 2])
+        })
+    };
     // start, retried until the fuzzer gives valid log probabilities.
     loop {
         if b.is_empty() {
@@ -103,6 +122,8 @@ fuzz_target!(|data: &[u8]| {
                 }
             }
         }
+        assert_eq!(d.settled(), settled(&pool, &frontiers), "after start");
+        assert_eq!(twin.settled(), d.settled());
         break;
     }
     let mut level = 1;
@@ -160,6 +181,12 @@ fuzz_target!(|data: &[u8]| {
             frontiers[r].push(next);
         }
         level += 1;
+        assert_eq!(
+            d.settled(),
+            settled(&pool, &frontiers),
+            "after level {level}"
+        );
+        assert_eq!(twin.settled(), d.settled());
     }
     // build: the model's top budget - 1 candidates per request.
     let r = d.build();

@@ -361,6 +361,9 @@ class DynamicTreeBuilder:
     @property
     def level(self) -> int:
         """Levels drafted so far (0 before `start`)."""
+    @property
+    def settled(self) -> bool:
+        """True when no further level can change what `build` returns (False before start)."""
     def start(
         self,
         root_tokens: npt.ArrayLike,
@@ -384,10 +387,12 @@ class DynamicTreeBuilder:
     @property
     def buffers(self) -> DraftBuffers:
         """Persistent buffers (made on first use) for the `*_in_place` calls."""
-    def start_in_place(self) -> None:
-        """`start` from `buffers` (roots, prefix lengths, the root's top-k), into `buffers`."""
-    def expand_in_place(self) -> None:
-        """`expand` from `buffers.topk_tokens` / `buffers.topk_logprobs`, into `buffers`."""
+    def start_in_place(self) -> bool:
+        """`start` from `buffers` (roots, prefix lengths, the root's top-k), into `buffers`;
+        returns `settled`."""
+    def expand_in_place(self) -> bool:
+        """`expand` from `buffers.topk_tokens` / `buffers.topk_logprobs`, into `buffers`;
+        returns `settled`."""
     def build_in_place(self, order: Literal["pool", "depth_first"] = "pool") -> TreeBatch:
         """`build`, the pool indices written into `buffers.pool_index` (no new array)."""
 

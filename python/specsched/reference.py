@@ -1422,6 +1422,23 @@ class DynamicTreeBuilder:
         self.level += 1
         return self._step(parent_index)
 
+    @property
+    def settled(self) -> bool:
+        """No further level can change `build`: every request has drafted `budget - 1`
+        frontier nodes (all levels) and its best current frontier node scores at most the
+        `(budget - 1)`-th best of them (later candidates descend from the frontier, score no
+        more, and lose ties by pool index; frontier nodes are candidates)."""
+        if self.level == 0:
+            return False
+        need = self.budget - 1
+        for b in range(self.batch):
+            fed = sorted(self.scores[b][g] for g in self.fed[b])
+            if len(fed) < need:
+                return False
+            if need and max(self.scores[b][g] for g in self.frontier[b]) > fed[-need]:
+                return False
+        return True
+
     def build(self, order: str = "pool") -> tuple[list[int], list[int], list[list[int]]]:
         """`(flat tree-local parents, flat tokens, pool_index [B][budget-1])`, each tree's
         nodes by pool index or (`order="depth_first"`) in depth-first preorder."""

@@ -231,11 +231,15 @@ class EagleDrafter(_HeadDrafter):
             io.prefix_lens.copy_(state.lengths - 1)
         io.put_topk(state.draft_logprobs(root_out), k, slot=0)
         t0 = clock()
-        builder.start_in_place()
+        settled = builder.start_in_place()
         state.build_seconds += clock() - t0
         features = root_out[:, None].expand(-1, k, -1)
         slots = torch.arange(k, device=dev)
         for level in range(1, self.depth):
+            if settled:
+                # No deeper candidate can enter any request's tree: the same trees as at
+                # full depth, without the remaining head forwards.
+                break
             # The step the builder wrote: read here, before the next call overwrites it.
             out = state.feed(
                 features,
@@ -246,7 +250,7 @@ class EagleDrafter(_HeadDrafter):
             )
             io.put_topk(state.draft_logprobs(out), k)
             t0 = clock()
-            builder.expand_in_place()
+            settled = builder.expand_in_place()
             state.build_seconds += clock() - t0
             features = out.gather(1, io.parent_index.to(dev)[:, :, None].expand_as(out))
         t0 = clock()

@@ -271,6 +271,13 @@ impl PyDynamicTreeBuilder {
     fn level(&self) -> usize {
         self.inner.level()
     }
+    /// True when no further level can change what `build` returns (every request's best
+    /// frontier node scores no better than its `budget - 1`-th best candidate): a decode
+    /// loop can stop drafting. False before `start`.
+    #[getter]
+    fn settled(&self) -> bool {
+        self.inner.settled()
+    }
 
     /// Starts a tree per request; returns `(tokens, parent_index, attention_mask, positions)`.
     #[pyo3(signature = (root_tokens, topk_tokens, topk_logprobs, prefix_lens=None))]
@@ -336,20 +343,22 @@ impl PyDynamicTreeBuilder {
 
     /// `start` reading the roots, prefix lengths and the root's top-k from `buffers`
     /// (`root_tokens`, `prefix_lens`, `topk_tokens[:, 0]`, `topk_logprobs[:, 0]`) and writing
-    /// the step into `buffers`.
-    fn start_in_place(&mut self, py: Python<'_>) -> PyResult<()> {
+    /// the step into `buffers`; returns `settled` (no extra call for a loop that stops on it).
+    fn start_in_place(&mut self, py: Python<'_>) -> PyResult<bool> {
         self.step_in_place(py, "start_in_place", |inner, p| {
             let (tt, lp) = (p.topk_tokens.slice_move(s![.., 0, ..]), p.topk_logprobs);
             let lp = lp.slice_move(s![.., 0, ..]);
-            inner.start_into(p.root_tokens, tt, lp, p.prefix_lens, p.out)
+            inner.start_into(p.root_tokens, tt, lp, p.prefix_lens, p.out)?;
+            Ok(inner.settled())
         })
     }
 
     /// `expand` reading `[B, K, K]` from `buffers.topk_tokens` / `buffers.topk_logprobs` and
-    /// writing the step into `buffers`.
-    fn expand_in_place(&mut self, py: Python<'_>) -> PyResult<()> {
+    /// writing the step into `buffers`; returns `settled`.
+    fn expand_in_place(&mut self, py: Python<'_>) -> PyResult<bool> {
         self.step_in_place(py, "expand_in_place", |inner, p| {
-            inner.expand_into(p.topk_tokens, p.topk_logprobs, p.out)
+            inner.expand_into(p.topk_tokens, p.topk_logprobs, p.out)?;
+            Ok(inner.settled())
         })
     }
 

@@ -14,6 +14,12 @@
 //! (up to `K = 16`, O(B · K³) at worst: the frontier is kept sorted by insertion, most
 //! children rejected by one compare).
 //!
+//! Each step also tells whether further levels can still change the built tree
+//! ([`DynamicTreeBuilder::settled`]): a candidate enters it only by beating its request's
+//! `(budget-1)`-th best so far, and no descendant of the frontier can once the frontier's best
+//! scores no better than the `(budget-1)`-th best frontier node drafted (frontier nodes are
+//! candidates): a selection over the `K · level` frontier nodes, once they can fill the tree.
+//!
 //! `start` / `expand` return fresh [`Step`]s; `start_into` / `expand_into` write the same
 //! values into the caller's buffers ([`StepOut`]), so a decode loop can keep one set of
 //! buffers (shared with its tensors) for the whole batch and allocate nothing per level.
@@ -118,6 +124,10 @@ pub struct DynamicTreeBuilder {
     /// Rank keys of one request's children, reused by every `expand_into`: all `K²`, or
     /// (up to `K = 16`) the best `K` so far.
     keys: Vec<RankKey>,
+    /// Whether no further level can change what `build` returns ([`Self::settled`]).
+    settled: bool,
+    /// One request's frontier keys of every level, the scratch of [`Self::frontier_bound`].
+    bound_keys: Vec<u64>,
 }
 
 /// Most entries of a builder's draft mask (`batch · topk · depth · topk`, the in-place
@@ -222,6 +232,8 @@ impl DynamicTreeBuilder {
             paths: filled(paths, 0)?,
             next_paths: filled(paths, 0)?,
             keys: Vec::with_capacity(topk * topk),
+            settled: false,
+            bound_keys: Vec::with_capacity(paths / batch),
         })
     }
 
@@ -241,6 +253,60 @@ impl DynamicTreeBuilder {
     pub fn level(&self) -> usize {
         self.level
     }
+    /// Whether drafting further levels can no longer change what [`Self::build`] returns:
+    /// every request has drafted at least `budget - 1` frontier nodes (over all levels) and
+    /// its best current frontier node scores no better than the `(budget - 1)`-th best of
+    /// them. Every later candidate descends from a current frontier node and scores at most
+    /// what it does (log probabilities are `<= 0`), and on a tie ranks after the candidates
+    /// drafted before it, so none can enter the top `budget - 1`. A decode loop can stop
+    /// drafting there: the same tree, fewer draft forwards. Ranking the frontier nodes
+    /// rather than every candidate keeps the test off the `K²` children (and off every level
+    /// until `K · level >= budget - 1`); in the demo it stops within 0.05 levels a step of
+    /// the test on every candidate. False before `start`; once true, true until the next
+    /// `start`.
+    pub fn settled(&self) -> bool {
+        self.level > 0 && self.settled
+    }
+
+    /// [`Self::settled`] from the frontiers drafted so far. Frontier nodes number `K` a
+    /// level, so the test runs only once they can fill the tree, and stops at the first
+    /// request that is not settled.
+    fn frontier_settled(&mut self) -> bool {
+        let (k, need) = (self.topk, self.budget - 1);
+        if need == 0 {
+            return true; // the tree is the root alone
+        }
+        if k * self.level < need {
+            return false;
+        }
+        let mut keys = std::mem::take(&mut self.bound_keys);
+        let settled = (0..self.batch).all(|r| {
+            let bound = self.frontier_bound(r, &mut keys);
+            let current = &self.frontier[((self.level - 1) * self.batch + r) * k..][..k];
+            let scores = &self.scores[r * self.pool..];
+            current
+                .iter()
+                .all(|&g| score_key(scores[g as usize]) >= bound)
+        });
+        self.bound_keys = keys;
+        settled
+    }
+
+    /// The [`score_key`] of request `r`'s `(budget - 1)`-th best frontier node over every
+    /// level drafted so far (`keys` is scratch; needs `K · level >= budget - 1 >= 1`).
+    /// Frontier nodes are candidates, so the `(budget - 1)`-th best candidate scores at least
+    /// this: a candidate scoring less cannot be in the built tree.
+    fn frontier_bound(&self, r: usize, keys: &mut Vec<u64>) -> u64 {
+        let (b, k) = (self.batch, self.topk);
+        let scores = &self.scores[r * self.pool..];
+        keys.clear();
+        for l in 0..self.level {
+            let front = &self.frontier[(l * b + r) * k..][..k];
+            keys.extend(front.iter().map(|&g| score_key(scores[g as usize])));
+        }
+        *keys.select_nth_unstable(self.budget - 2).1
+    }
+
     /// Candidates drafted so far per request.
     pub fn pool_len(&self) -> usize {
         match self.level {
@@ -342,6 +408,7 @@ impl DynamicTreeBuilder {
             }
         }
         self.level = 1;
+        self.settled = self.frontier_settled();
         // Each depth-1 node sees only itself among the fed tokens.
         for (i, path) in self.paths.chunks_exact_mut(self.depth).enumerate() {
             path[0] = (i % k) as u32;
@@ -522,6 +589,8 @@ impl DynamicTreeBuilder {
         self.keys = keys;
         std::mem::swap(&mut self.paths, &mut self.next_paths);
         self.level += 1;
+        // Settled stays settled: later frontiers score no more, the bound rises.
+        self.settled = self.settled || self.frontier_settled();
         self.write_step(out);
         Ok(())
     }
@@ -595,14 +664,8 @@ impl DynamicTreeBuilder {
             keys.clear();
             // Pool index grows with depth, so it breaks ties towards the shallower node.
             if prune {
-                scratch.clear();
-                for l in 0..self.level {
-                    let front = &self.frontier[(l * b + r) * self.topk..][..self.topk];
-                    scratch.extend(front.iter().map(|&g| score_key(scores[g as usize])));
-                }
-                let (_, &mut bound, _) = scratch.select_nth_unstable(n - 2);
                 // `key <= bound` as a float compare (keys order like scores, -0.0 as 0.0).
-                let bound = score_of_key(bound);
+                let bound = score_of_key(self.frontier_bound(r, &mut scratch));
                 survivors.clear();
                 for (g, &s) in scores.iter().enumerate() {
                     if s >= bound {
@@ -812,6 +875,101 @@ mod tests {
             .unwrap_err();
         assert!(e.to_string().contains("attention_mask"), "{e}");
         assert_eq!(kept.level(), 1);
+    }
+
+    /// `settled` is its definition at every level, turns true once and stays true, and from
+    /// there more levels leave `build`'s trees and pool indices unchanged.
+    #[test]
+    fn a_settled_builder_builds_the_same_after_more_levels() {
+        let (b, k, depth) = (3, 2, 9);
+        let mut seed = 5u64;
+        let mut draw = |n: usize, steep: f64| -> Vec<f64> {
+            (0..n)
+                .map(|_| {
+                    seed = seed
+                        .wrapping_mul(6364136223846793005)
+                        .wrapping_add(1442695040888963407);
+                    // Some exact ties (quarter steps) among steep drops.
+                    -steep * ((seed >> 60) as f64) / 4.0
+                })
+                .collect()
+        };
+        let roots = [1i64, 2, 3];
+        let t0 = Array2::from_shape_fn((b, k), |(r, c)| (r * 10 + c) as i64);
+        let l0 = Array2::from_shape_vec((b, k), draw(b * k, 0.5)).unwrap();
+        let steps: Vec<(Array3<i64>, Array3<f64>)> = (1..depth)
+            .map(|level| {
+                let t = Array3::from_shape_fn((b, k, k), |(r, j, c)| {
+                    (level * 100 + r * 10 + j * k + c) as i64
+                });
+                // The best child of each slot drops little (more for later requests), the
+                // other steeply: the best path stays competitive for a few levels.
+                let mut l = Array3::from_shape_vec((b, k, k), draw(b * k * k, 1.0)).unwrap();
+                for ((r, _, c), x) in l.indexed_iter_mut() {
+                    if c == 0 {
+                        *x *= 0.05 * (r + 1) as f64;
+                    }
+                }
+                (t, l)
+            })
+            .collect();
+        // The definition: every request's best current frontier score is at most the
+        // (budget-1)-th best of all its frontier nodes so far.
+        let naive = |d: &DynamicTreeBuilder| {
+            let need = d.budget - 1;
+            (0..b).all(|r| {
+                let scores = &d.scores[r * d.pool..];
+                let front = |l: usize| &d.frontier[(l * b + r) * k..][..k];
+                let mut fed: Vec<f64> = (0..d.level)
+                    .flat_map(|l| front(l).iter().map(|&g| scores[g as usize]))
+                    .collect();
+                fed.sort_by(|x, y| y.total_cmp(x));
+                let best = front(d.level - 1)
+                    .iter()
+                    .map(|&g| scores[g as usize])
+                    .fold(f64::NEG_INFINITY, f64::max);
+                fed.len() >= need && (need == 0 || best <= fed[need - 1])
+            })
+        };
+        let drafted = |budget: usize, levels: usize| {
+            let mut d = DynamicTreeBuilder::new(b, k, depth, budget).unwrap();
+            assert!(!d.settled(), "not before start");
+            d.start(ArrayView1::from(&roots), t0.view(), l0.view(), &[0; 3])
+                .unwrap();
+            let mut settled = vec![d.settled()];
+            assert_eq!(d.settled(), naive(&d));
+            for (t, l) in &steps[..levels - 1] {
+                d.expand(t.view(), l.view()).unwrap();
+                assert_eq!(d.settled(), naive(&d), "level {}", d.level);
+                settled.push(d.settled());
+            }
+            (d, settled)
+        };
+        let mut seen = 0;
+        for budget in [1, 3, 5, 8] {
+            let (full, settled) = drafted(budget, depth);
+            let first = settled.iter().position(|&s| s);
+            // Monotone: false, then true to the end.
+            assert!(settled.iter().skip(first.unwrap_or(depth)).all(|&s| s));
+            for levels in first.map_or(depth, |f| f + 1)..depth {
+                let (early, _) = drafted(budget, levels);
+                for order in [NodeOrder::Pool, NodeOrder::DepthFirst] {
+                    assert_eq!(
+                        early.build_in(order).unwrap(),
+                        full.build_in(order).unwrap()
+                    );
+                }
+                seen += 1;
+            }
+            if let Some(f) = first {
+                let frontier_nodes = k * (f + 1);
+                assert!(
+                    frontier_nodes >= budget - 1,
+                    "settled before budget - 1 of them"
+                );
+            }
+        }
+        assert!(seen > 0, "the draws never settled: the test checks nothing");
     }
 
     #[test]
