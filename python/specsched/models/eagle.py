@@ -188,6 +188,8 @@ class EagleDrafter(_HeadDrafter):
     `temperature`): the tree keeps the nodes most likely to be accepted, so the probabilities
     should estimate acceptance. `scripts/train_tiny.py` fits the temperature that makes them
     predict the target's greedy token (`head_greedy_temperature` in the shipped config).
+    Drafting stops before `depth` levels once the builder is `settled` (no deeper candidate
+    can enter any request's tree): the same trees, fewer head forwards.
     """
 
     def __init__(
