@@ -272,8 +272,8 @@ impl PyDynamicTreeBuilder {
         self.inner.level()
     }
     /// True when no further level can change what `build` returns (every request's best
-    /// frontier node scores no better than its `budget - 1`-th best candidate): a decode
-    /// loop can stop drafting. False before `start`.
+    /// current frontier node scores no better than the `budget - 1`-th best of its frontier
+    /// nodes so far): a decode loop can stop drafting. False before `start`.
     #[getter]
     fn settled(&self) -> bool {
         self.inner.settled()
