@@ -32,3 +32,12 @@ def first_dynamic_step() -> tuple[Any, Any, Any, list[list[int]]]:
     drafter.propose = keep_first
     generate(TinyTarget(model), drafter, prompts, 8)
     return first[0], drafter, model, prompts
+
+
+def draft_all_levels(builder: Any) -> None:
+    """`start_in_place` and every level's `expand_in_place` of `builder` from what its buffers
+    hold (a drafter's last top-k, or primed values: valid input for every level), so that
+    `build_in_place` can follow."""
+    builder.start_in_place()
+    for _ in range(builder.depth - 1):
+        builder.expand_in_place()

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 import specsched as ss
-from _first_step import first_dynamic_step
+from _first_step import draft_all_levels, first_dynamic_step
 from specsched import _core
 from specsched.generate import TargetStep
 from specsched.models.tiny import TinyTarget
@@ -43,12 +43,6 @@ def main() -> None:
     def restart() -> None:
         builder.start_in_place()
 
-    def draft_all_levels() -> None:
-        # The buffers still hold the drafter's last top-k: valid input for every level.
-        builder.start_in_place()
-        for _ in range(builder.depth - 1):
-            builder.expand_in_place()
-
     # name: (run before the forward, the timed call on the forward's output)
     calls: dict[str, tuple[Callable[[], None] | None, Callable[[TargetStep], Any]]] = {
         "empty Python call": (None, lambda step: None),
@@ -56,7 +50,7 @@ def main() -> None:
         "DynamicTreeBuilder.start_in_place": (None, lambda step: builder.start_in_place()),
         "DynamicTreeBuilder.expand_in_place": (restart, lambda step: builder.expand_in_place()),
         "DynamicTreeBuilder.build_in_place": (
-            draft_all_levels,
+            lambda: draft_all_levels(builder),
             lambda step: builder.build_in_place("depth_first"),
         ),
         "verify (greedy)": (None, lambda step: ss.verify(trees, step.logits)),

@@ -109,7 +109,7 @@ def hot(builds: dict[str, ModuleType], reps: int) -> None:
 
 
 def cold(builds: dict[str, ModuleType], reps: int) -> None:
-    from _first_step import first_dynamic_step
+    from _first_step import draft_all_levels, first_dynamic_step
     from specsched.models.tiny import TinyTarget
 
     step_trees, _, model, prompts = first_dynamic_step()
@@ -126,11 +126,6 @@ def cold(builds: dict[str, ModuleType], reps: int) -> None:
     def restart(side: str) -> None:
         builders[side].start_in_place()
 
-    def draft_all_levels(side: str) -> None:
-        restart(side)
-        for _ in range(14):
-            builders[side].expand_in_place()
-
     # name: (run before the forward, the timed call on the forward's logits)
     calls: dict[str, tuple[Callable[[str], None] | None, Callable[[str, Any], Any]]] = {
         "no-op PyO3 getter": (None, lambda side, lg: builders[side].level),
@@ -140,7 +135,7 @@ def cold(builds: dict[str, ModuleType], reps: int) -> None:
             lambda side, lg: builders[side].expand_in_place(),
         ),
         "DynamicTreeBuilder build, the loop's": (
-            draft_all_levels,
+            lambda side: draft_all_levels(builders[side]),
             lambda side, lg: loop_build(builders[side]),
         ),
         "verify_greedy": (None, lambda side, lg: builds[side].verify_greedy(trees[side], lg)),
