@@ -449,19 +449,25 @@ pub fn build_tree(
     out: BuildOut<'_>,
 ) -> Result<()> {
     let shape = (topk, steps, n);
-    build_tree_rows(parent_list, selected_index, seq_lens, shape, out, true)
+    build_tree_rows(
+        parent_list,
+        selected_index,
+        seq_lens,
+        shape,
+        out,
+        RowWriter::fastest(),
+    )
 }
 
-/// [`build_tree`], with dense mask rows written from ancestor words only if `rows_from_words`
-/// (and the CPU and `N` allow it): tests turn it off to run, on any CPU, the row copies that
-/// CPUs without AVX-512BW run.
+/// [`build_tree`], with dense mask rows written by `writer` where it can (`N <= 64`; copied
+/// from parents otherwise): tests run every writer this CPU supports against the copies.
 fn build_tree_rows(
     parent_list: ArrayView2<'_, i64>,
     selected_index: ArrayView2<'_, i64>,
     seq_lens: &[usize],
     (topk, steps, n): (usize, usize, usize),
     out: BuildOut<'_>,
-    rows_from_words: bool,
+    writer: RowWriter,
 ) -> Result<()> {
     check_shape(topk, steps, n)?;
     let bs = seq_lens.len();
@@ -543,7 +549,8 @@ fn build_tree_rows(
     } = out;
     // Rows come straight from the ancestor words when they are exact and the CPU can spread
     // bits to bytes; otherwise each row copies its parent's, which needs the parents.
-    let from_words = rows_from_words && words_give_rows(n);
+    let writer = if n <= 64 { writer } else { RowWriter::Copy };
+    let from_words = writer != RowWriter::Copy;
     let mut tree = RequestTree::new(n, pool, topk, width);
     // The whole batch's words when they are exact (`N <= 64`): the packed masks, and the QLEN
     // mask when `from_words`, are written from them in one pass after linking. Otherwise one
@@ -574,14 +581,14 @@ fn build_tree_rows(
             MaskOut::Full(m) => {
                 let cols = seq_len + n;
                 let seg = &mut m[full_base..full_base + n * cols];
-                fill_rows(seg, cols, seq_len, from_words, parent, anc);
+                fill_rows(seg, cols, seq_len, writer, parent, anc);
                 full_base += n * cols;
             }
             MaskOut::Qlen(m) if !from_words => fill_rows(
                 &mut m[rows.start * n..rows.end * n],
                 n,
                 0,
-                false,
+                writer,
                 parent,
                 anc,
             ),
@@ -596,7 +603,7 @@ fn build_tree_rows(
     }
     match tree_mask {
         // The QLEN mask is the batch's rows back to back: one stream of words, spread to bytes.
-        MaskOut::Qlen(m) if from_words => spread_rows(m, n, &words),
+        MaskOut::Qlen(m) if from_words => spread_rows(m, n, &words, writer),
         // N fits the word (checked above), so each row is its ancestor word, narrowed.
         MaskOut::Packed8(m) => narrow_words(m, &words, |a| a as u8),
         MaskOut::Packed16(m) => narrow_words(m, &words, |a| a as u16),
@@ -618,51 +625,97 @@ fn row_slice<'a>(row: ArrayView1<'a, i64>, buf: &'a mut [i64]) -> &'a [i64] {
     }
 }
 
-/// Whether mask rows of `n` nodes can be written from ancestor words: they are exact (`n <=
-/// 64`) and the CPU spreads a word's bits to bytes in one instruction (AVX-512BW).
-fn words_give_rows(n: usize) -> bool {
+/// How dense mask rows are written. A row's tree part is its parent's plus its own bit, or,
+/// read the other way, byte `j` is bit `j` of the row's ancestor word: spreading a word's bits
+/// to bytes takes a few vector instructions, where copying the parent's row costs a `memmove`
+/// call (most of the build at `N = 64` without them).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum RowWriter {
+    /// Each row copies its parent's (any `N`, any CPU).
+    Copy,
+    /// From ancestor words, two 32-byte AVX2 stores per row (`N <= 64`).
     #[cfg(target_arch = "x86_64")]
-    return n <= 64 && spread::available();
-    #[cfg(not(target_arch = "x86_64"))]
-    return {
-        let _ = n;
-        false
-    };
+    Avx2,
+    /// From ancestor words, one masked 64-byte AVX-512BW store per row (`N <= 64`).
+    #[cfg(target_arch = "x86_64")]
+    Avx512,
 }
 
-/// Dense rows of `cols` bools: `prefix` leading Trues, then the tree part. A row's tree part is
-/// its parent's (complete: parents come first) plus its own bit; when `from_words` (see
-/// [`words_give_rows`]), each row is written straight from its ancestor word instead.
+impl RowWriter {
+    /// Every writer, slowest first.
+    #[cfg(test)]
+    const ALL: &'static [RowWriter] = &[
+        RowWriter::Copy,
+        #[cfg(target_arch = "x86_64")]
+        RowWriter::Avx2,
+        #[cfg(target_arch = "x86_64")]
+        RowWriter::Avx512,
+    ];
+
+    /// Whether this CPU runs `self`.
+    fn supported(self) -> bool {
+        match self {
+            RowWriter::Copy => true,
+            #[cfg(target_arch = "x86_64")]
+            RowWriter::Avx2 => std::arch::is_x86_feature_detected!("avx2"),
+            #[cfg(target_arch = "x86_64")]
+            RowWriter::Avx512 => std::arch::is_x86_feature_detected!("avx512bw"),
+        }
+    }
+
+    /// The fastest writer this CPU runs.
+    fn fastest() -> Self {
+        #[cfg(target_arch = "x86_64")]
+        for writer in [RowWriter::Avx512, RowWriter::Avx2] {
+            if writer.supported() {
+                return writer;
+            }
+        }
+        RowWriter::Copy
+    }
+}
+
+/// Dense rows of `cols` bools: `prefix` leading Trues, then the tree part (`cols - prefix`
+/// nodes, `parent` and `anc` one entry per row), written by `writer` (copied from parents for
+/// [`RowWriter::Copy`], from the ancestor words `anc` otherwise).
 fn fill_rows(
     seg: &mut [bool],
     cols: usize,
     prefix: usize,
-    from_words: bool,
+    writer: RowWriter,
     parent: &[usize],
     anc: &[u64],
 ) {
-    #[cfg(target_arch = "x86_64")]
-    if from_words {
-        assert!(anc.len() <= 64 && spread::available());
-        // SAFETY: the CPU has AVX-512BW (asserted above).
-        unsafe { spread::rows(seg, cols, prefix, anc) };
-        return;
+    match writer {
+        RowWriter::Copy => copy_rows(seg, cols, prefix, parent),
+        #[cfg(target_arch = "x86_64")]
+        RowWriter::Avx2 => {
+            assert!(writer.supported());
+            // SAFETY: the CPU has AVX2 (asserted above).
+            unsafe { spread::rows_avx2(seg, cols, prefix, anc) }
+        }
+        #[cfg(target_arch = "x86_64")]
+        RowWriter::Avx512 => {
+            assert!(anc.len() <= 64 && writer.supported());
+            // SAFETY: the CPU has AVX-512BW (asserted above).
+            unsafe { spread::rows(seg, cols, prefix, anc) }
+        }
     }
-    let _ = (from_words, anc);
-    copy_rows(seg, cols, prefix, parent);
 }
 
 /// The QLEN mask of the whole batch (`words.len()` rows of `n` bytes, back to back) from the
-/// rows' ancestor words; only when [`words_give_rows`]`(n)`.
-fn spread_rows(mask: &mut [bool], n: usize, words: &[u64]) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        assert!(n <= 64 && spread::available() && mask.len() == words.len() * n);
+/// rows' ancestor words, by a writer other than [`RowWriter::Copy`] (`n <= 64`).
+fn spread_rows(mask: &mut [bool], n: usize, words: &[u64], writer: RowWriter) {
+    assert!(n <= 64 && mask.len() == words.len() * n && writer.supported());
+    match writer {
+        RowWriter::Copy => unreachable!("spread_rows: rows copied from parents have no words"),
+        // SAFETY: the CPU has AVX2 (asserted above).
+        #[cfg(target_arch = "x86_64")]
+        RowWriter::Avx2 => unsafe { spread::rows_avx2(mask, n, 0, words) },
         // SAFETY: the CPU has AVX-512BW, and the lengths match (asserted above).
-        unsafe { spread::stream(mask, n, words) };
+        #[cfg(target_arch = "x86_64")]
+        RowWriter::Avx512 => unsafe { spread::stream(mask, n, words) },
     }
-    #[cfg(not(target_arch = "x86_64"))]
-    unreachable!("spread_rows({}, {n}, {})", mask.len(), words.len());
 }
 
 /// [`fill_rows`] by copying each parent's row (any `N`, any CPU).
@@ -679,15 +732,10 @@ fn copy_rows(seg: &mut [bool], cols: usize, prefix: usize, parent: &[usize]) {
     }
 }
 
-/// Mask rows written from ancestor words: one masked 64-byte store per row, where copying the
-/// parent's row costs a `memmove` call (most of the build at `N = 64` without it).
+/// Mask rows written from ancestor words ([`RowWriter::Avx512`], [`RowWriter::Avx2`]).
 #[cfg(target_arch = "x86_64")]
 mod spread {
     use std::arch::x86_64::*;
-
-    pub(super) fn available() -> bool {
-        std::arch::is_x86_feature_detected!("avx512bw")
-    }
 
     /// [`super::fill_rows`] from the ancestor words `anc` (`anc.len() == N <= 64`): byte `j`
     /// of a row's tree part is bit `j` of its word.
@@ -714,6 +762,64 @@ mod spread {
                     in_row,
                     _mm512_maskz_mov_epi8(bits, ones),
                 );
+            }
+        }
+    }
+
+    /// [`super::fill_rows`] from the ancestor words `words` with AVX2: `words.len()` rows of
+    /// `cols` bytes, `prefix` Trues then the tree part (`cols - prefix <= 64` nodes), byte `j`
+    /// of which is bit `j` of the row's word. `seg` may hold several requests' rows back to
+    /// back (the QLEN mask of a batch is one call).
+    ///
+    /// AVX2 has no byte-masked store, so each row's tree part is written as a whole 64 bytes,
+    /// past the row's end into the rows after it (bits past the tree part are 0), which are
+    /// written in full afterwards; the rows whose 64 bytes would pass the end of `seg` go
+    /// through a buffer instead.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2.
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn rows_avx2(seg: &mut [bool], cols: usize, prefix: usize, words: &[u64]) {
+        let width = cols.saturating_sub(prefix);
+        assert!((1..=64).contains(&width) && seg.len() == words.len() * cols);
+        // Byte `k` of a 32-byte half takes byte `k / 8` of the half's 32 bits (`vpshufb` picks
+        // within each 16-byte lane, so the upper lane's indices 2 and 3 address the same
+        // broadcast dword), then keeps bit `k % 8` of it.
+        let spread = _mm256_setr_epi8(
+            0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3,
+            3, 3, 3,
+        );
+        let bit = _mm256_set1_epi64x(0x8040_2010_0804_0201_u64 as i64);
+        let ones = _mm256_set1_epi8(1);
+        let bytes = |half: u32| {
+            let picked = _mm256_shuffle_epi8(_mm256_set1_epi32(half as i32), spread);
+            _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(picked, bit), bit), ones)
+        };
+        let base = seg.as_mut_ptr();
+        for (i, &w) in words.iter().enumerate() {
+            let row = i * cols;
+            seg[row..row + prefix].fill(true);
+            let (lo, hi) = (bytes(w as u32), bytes((w >> 32) as u32));
+            let at = row + prefix;
+            if at + 64 <= seg.len() {
+                // SAFETY: `seg[at..at + 64]` is in bounds (checked above); unaligned stores are
+                // allowed; each byte is 0 or 1, a valid `bool`. The bytes past this row's end
+                // are rows `i + 1..`, written in full by the iterations after this one.
+                unsafe {
+                    _mm256_storeu_si256(base.add(at).cast(), lo);
+                    _mm256_storeu_si256(base.add(at + 32).cast(), hi);
+                }
+            } else {
+                let mut buf = [0u8; 64];
+                // SAFETY: `buf` holds 64 bytes; unaligned stores are allowed. The copy reads
+                // `width <= 64` of them and writes `seg[at..at + width]`, this row's tree part
+                // (in bounds: `seg` holds `words.len()` whole rows), with bytes 0 or 1, valid
+                // `bool`s.
+                unsafe {
+                    _mm256_storeu_si256(buf.as_mut_ptr().cast(), lo);
+                    _mm256_storeu_si256(buf.as_mut_ptr().add(32).cast(), hi);
+                    std::ptr::copy_nonoverlapping(buf.as_ptr(), base.add(at).cast(), width);
+                }
             }
         }
     }
@@ -994,64 +1100,61 @@ mod tests {
         (parent, anc)
     }
 
-    /// Whether this CPU runs the AVX-512 writers; says so when it does not.
-    #[cfg(target_arch = "x86_64")]
-    fn spread_testable() -> bool {
-        let available = spread::available();
-        if !available {
-            eprintln!("skipped: no AVX-512BW on this CPU (the copy path is tested everywhere)");
+    /// The writers from ancestor words that this CPU runs; names those it does not.
+    fn word_writers() -> Vec<RowWriter> {
+        let (run, skip): (Vec<_>, Vec<_>) = RowWriter::ALL[1..]
+            .iter()
+            .partition(|writer| writer.supported());
+        if !skip.is_empty() {
+            eprintln!("skipped on this CPU: {skip:?} (the copy path is tested everywhere)");
         }
-        available
+        run
     }
 
-    #[cfg(target_arch = "x86_64")]
     #[test]
     fn rows_from_ancestor_words_equal_copied_rows() {
-        if !spread_testable() {
-            return;
-        }
-        for n in [1, 2, 7, 8, 31, 32, 33, 63, 64] {
-            for prefix in [0, 1, 5, 64] {
-                let (parent, anc) = random_tree(n, n as u64 * 31 + prefix as u64);
-                let cols = prefix + n;
-                // Stale bytes everywhere: each writer must overwrite the whole row.
-                let mut want = vec![true; n * cols];
-                let mut got = vec![true; n * cols];
-                copy_rows(&mut want, cols, prefix, &parent);
-                // SAFETY: AVX-512BW is available (checked above).
-                unsafe { spread::rows(&mut got, cols, prefix, &anc) };
-                assert_eq!(got, want, "n={n} prefix={prefix}");
+        for writer in word_writers() {
+            for n in [1, 2, 7, 8, 31, 32, 33, 63, 64] {
+                for prefix in [0, 1, 5, 64] {
+                    let (parent, anc) = random_tree(n, n as u64 * 31 + prefix as u64);
+                    let cols = prefix + n;
+                    // Stale bytes everywhere: each writer must overwrite the whole row.
+                    let mut want = vec![true; n * cols];
+                    let mut got = vec![true; n * cols];
+                    copy_rows(&mut want, cols, prefix, &parent);
+                    fill_rows(&mut got, cols, prefix, writer, &parent, &anc);
+                    assert_eq!(got, want, "{writer:?} n={n} prefix={prefix}");
+                }
             }
         }
     }
 
-    #[cfg(target_arch = "x86_64")]
     #[test]
-    fn streamed_batch_mask_equals_rows_at_every_alignment() {
-        if !spread_testable() {
-            return;
-        }
-        for n in [1, 7, 63, 64] {
-            for requests in [1, 3] {
-                let words: Vec<u64> = (0..requests)
-                    .flat_map(|r| random_tree(n, (n * 7 + r) as u64).1)
-                    .collect();
-                let len = words.len() * n;
-                let mut want = vec![true; len];
-                for (seg, anc) in want.chunks_mut(n * n).zip(words.chunks(n)) {
-                    // SAFETY: AVX-512BW is available (checked above).
-                    unsafe { spread::rows(seg, n, 0, anc) };
-                }
-                // Every start within a cache line, with stale bytes on both sides that must
-                // survive: the head and tail stores are masked to `out`.
-                let mut buf = vec![true; len + 128];
-                for start in 0..64 {
-                    buf.fill(true);
-                    let out = &mut buf[start..start + len];
-                    // SAFETY: AVX-512BW is available (checked above).
-                    unsafe { spread::stream(out, n, &words) };
-                    assert_eq!(out, &want[..], "n={n} requests={requests} start={start}");
-                    assert!(buf[..start].iter().chain(&buf[start + len..]).all(|&x| x));
+    fn batch_mask_from_words_equals_copied_rows_at_every_alignment() {
+        for writer in word_writers() {
+            for n in [1, 7, 33, 63, 64] {
+                for requests in [1, 3] {
+                    let trees: Vec<_> = (0..requests)
+                        .map(|r| random_tree(n, (n * 7 + r) as u64))
+                        .collect();
+                    let words: Vec<u64> = trees.iter().flat_map(|t| t.1.clone()).collect();
+                    let len = words.len() * n;
+                    let mut want = vec![true; len];
+                    for (seg, (parent, _)) in want.chunks_mut(n * n).zip(&trees) {
+                        copy_rows(seg, n, 0, parent);
+                    }
+                    // Every start within a cache line, with stale bytes on both sides that
+                    // must survive: no store may pass either end of `out`.
+                    let mut buf = vec![true; len + 128];
+                    for start in 0..64 {
+                        buf.fill(true);
+                        let out = &mut buf[start..start + len];
+                        spread_rows(out, n, &words, writer);
+                        let at = format!("{writer:?} n={n} requests={requests} start={start}");
+                        assert_eq!(out, &want[..], "{at}");
+                        let around = buf[..start].iter().chain(&buf[start + len..]);
+                        assert!(around.into_iter().all(|&x| x), "{at}");
+                    }
                 }
             }
         }
@@ -1127,11 +1230,12 @@ mod tests {
 
     #[test]
     fn rows_copied_from_parents_equal_rows_from_words() {
-        // Without AVX-512BW every dense row is copied from its parent's; with it, rows of up
-        // to 64 nodes come from ancestor words. Both must write the same masks, in both dense
-        // modes: on a CPU with AVX-512BW this runs both (elsewhere both are the copies, which
-        // the Python tests hold to the reference).
+        // Rows of up to 64 nodes come from ancestor words on CPUs with AVX2 or AVX-512BW, and
+        // are copied from parents elsewhere (and past 64 nodes). Every writer this CPU runs
+        // must write the copies' masks, in both dense modes (the Python tests hold the
+        // fastest one to the reference).
         let seq = [3usize, 0, 11];
+        let writers = word_writers();
         for (seed, shape) in [
             (1, (2, 4, 9)),
             (2, (4, 3, 33)),
@@ -1146,9 +1250,9 @@ mod tests {
                 } else {
                     seq.len() * n * n
                 };
-                let masks: Vec<Vec<bool>> = [true, false]
-                    .into_iter()
-                    .map(|from_words| {
+                let masks: Vec<Vec<bool>> = std::iter::once(RowWriter::Copy)
+                    .chain(writers.iter().copied())
+                    .map(|writer| {
                         let mut mask = vec![false; len];
                         let mut lists = vec![0i64; 4 * seq.len() * n];
                         let mut parts = lists.chunks_mut(seq.len() * n);
@@ -1164,15 +1268,16 @@ mod tests {
                             retrive_next_token: next(),
                             retrive_next_sibling: next(),
                         };
-                        build_tree_rows(pl.view(), sel.view(), &seq, shape, out, from_words)
-                            .unwrap();
+                        build_tree_rows(pl.view(), sel.view(), &seq, shape, out, writer).unwrap();
                         mask
                     })
                     .collect();
-                assert_eq!(
-                    masks[0], masks[1],
-                    "seed={seed} shape={shape:?} full={full}"
-                );
+                for (mask, writer) in masks[1..].iter().zip(&writers) {
+                    assert_eq!(
+                        mask, &masks[0],
+                        "{writer:?} seed={seed} shape={shape:?} full={full}"
+                    );
+                }
                 assert!(masks[0].iter().any(|&x| x));
             }
         }
