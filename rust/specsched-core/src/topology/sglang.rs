@@ -798,7 +798,10 @@ mod spread {
         let base = seg.as_mut_ptr();
         for (i, &w) in words.iter().enumerate() {
             let row = i * cols;
-            seg[row..row + prefix].fill(true);
+            if prefix > 0 {
+                // A call to `memset` otherwise, for nothing, on every row of a QLEN mask.
+                seg[row..row + prefix].fill(true);
+            }
             let (lo, hi) = (bytes(w as u32), bytes((w >> 32) as u32));
             let at = row + prefix;
             if at + 64 <= seg.len() {
