@@ -311,6 +311,15 @@ def layout_cases() -> None:
     bad(fn, "prefix_lens absurd", ValueError, "prefix_lens", lambda: BATCH.attention_mask(HUGE))
     bad(fn, "bias absurd", ValueError, "prefix_lens", lambda: BATCH.attention_bias([HUGE, 0]))
     bad(fn, "packed absurd", ValueError, "prefix_lens", lambda: BATCH.packed_attention_mask(HUGE))
+    bad(fn, "padded prefix length", ValueError, "prefix_lens", lambda: BATCH.padded_layout([1]))
+    bad(fn, "padded prefix negative", ValueError, "prefix_lens", lambda: BATCH.padded_layout(-1))
+    bad(
+        fn,
+        "padded position overflow",
+        ValueError,
+        "prefix_lens",
+        lambda: BATCH.padded_layout([0, (1 << 63) - 1]),
+    )
     bad(fn, "qlen unequal sizes", ValueError, "batch", lambda: BATCH.qlen_mask())
     bad(fn, "index out of range", IndexError, "index", lambda: BATCH[2])
     bad(fn, "negative index out of range", IndexError, "index", lambda: BATCH[-3])

@@ -162,6 +162,7 @@ def _big_inputs() -> dict[str, Callable[[], Any]]:
     logits = rng.normal(size=(48, vocab)).astype(np.float32)
     logits[:, 0] = 50.0  # token 0 wins every row: the walk visits all 48 rows
     trees = ss.TreeBatch([chain] * 16)
+    padded = ss.TreeBatch([ss.Tree.chain(np.zeros(128, dtype=np.int64))] * 2048)
     # Node 1 is rejected and the chain 2..n-1 accepted: every kept entry moves one slot down.
     n = 4000
     detour = ss.Tree(
@@ -185,6 +186,7 @@ def _big_inputs() -> dict[str, Callable[[], Any]]:
     return {
         "verify_sampled": lambda: ss.verify(chain, logits, temperature=0.7, top_p=0.95, seed=1),
         "attention_mask": lambda: trees.attention_mask(400_000),
+        "padded_layout": lambda: padded.padded_layout(7),
         "compact_kv": lambda: ss.compact_kv(cache, r_shift, 16, seq_dim=1, batch_dim=0),
         "top_n_tree": lambda: ss.top_n_tree(parents, edge, 4096, cumulative=False),
         "expand_in_place": draft_level_in_place,
@@ -192,7 +194,15 @@ def _big_inputs() -> dict[str, Callable[[], Any]]:
 
 
 @pytest.mark.parametrize(
-    "name", ["verify_sampled", "attention_mask", "compact_kv", "top_n_tree", "expand_in_place"]
+    "name",
+    [
+        "verify_sampled",
+        "attention_mask",
+        "padded_layout",
+        "compact_kv",
+        "top_n_tree",
+        "expand_in_place",
+    ],
 )
 def test_gil_released_heartbeat(name: str) -> None:
     call = _big_inputs()[name]

@@ -10,6 +10,7 @@ import threading
 import time
 import tracemalloc
 from collections.abc import Callable, Sequence
+from dataclasses import astuple
 from typing import Any
 
 import numpy as np
@@ -18,6 +19,7 @@ import specsched as ss
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from specsched import reference as ref
+from specsched.generate import pad_trees
 from strategies import INDEX_DTYPES, PUBLISHED_TREES, as_array, batches, parent_lists, trees
 
 PUBLISHED = PUBLISHED_TREES
@@ -292,6 +294,42 @@ def test_batch_layouts_match_reference(
         assert np.array_equal(b.positions(), b.positions(0))
         assert np.array_equal(b.mask_indptr(), b.mask_indptr(0))
     _check_batch_layouts(b, parents, offsets, arg, prefix)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    batch=st.one_of(batches(max_trees=6, max_nodes=40), batches(max_trees=64, max_nodes=12)),
+    kind=st.sampled_from(PREFIX_KINDS),
+    prefixes=st.lists(st.integers(0, 40), min_size=64, max_size=64),
+    strided=st.booleans(),
+)
+def test_padded_layout_matches_reference(
+    batch: tuple[list[int], list[int], list[int]],
+    kind: str,
+    prefixes: list[int],
+    strided: bool,
+) -> None:
+    parents, tokens, offsets = batch
+    b = ss.TreeBatch.from_flat(parents, tokens, offsets)
+    arg, prefix = _prefix_args(kind, prefixes[: len(offsets) - 1])
+    if strided and isinstance(arg, np.ndarray):
+        arg = as_array(arg.tolist(), arg.dtype.type, True)
+    got = b.padded_layout() if arg is None else b.padded_layout(arg)
+    want = ref.padded_layout(parents, tokens, offsets, prefix)
+    nb, nmax, total = b.num_trees, b.max_nodes, b.num_nodes
+    shapes = [(nb, nmax), (nb, nmax), (nb, nmax, nmax), (total,), (total,)]
+    dtypes = [np.int64, np.int64, np.bool_, np.int64, np.int64]
+    for g, w, shape, dtype in zip(got, want, shapes, dtypes, strict=True):
+        assert g.dtype == dtype and g.shape == shape and g.flags.c_contiguous
+        assert g.tolist() == w
+    # What a model's per-slot outputs are gathered back with: tree order.
+    tok, pos, mask, rows, cols = got
+    assert np.array_equal(tok[rows, cols], b.tokens)
+    assert np.array_equal(pos[rows, cols], b.positions(0 if arg is None else arg))
+    assert mask.any(axis=-1).all()  # no empty attention row
+    # generate.pad_trees is this layout.
+    padded = pad_trees(b, np.zeros(nb, np.int64) if arg is None else arg)
+    assert all(np.array_equal(x, y) for x, y in zip(astuple(padded), got, strict=True))
 
 
 @st.composite

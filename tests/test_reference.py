@@ -230,6 +230,19 @@ def test_qlen_and_padded_mask() -> None:
     ]
 
 
+def test_padded_layout() -> None:
+    # Tree 0: 0 -> 1 (tokens 7, 8); tree 1: 0 -> {1, 2} (tokens 4, 5, 6).
+    tokens, positions, mask, rows, cols = ref.padded_layout(
+        [-1, 0, -1, 0, 0], [7, 8, 4, 5, 6], [0, 2, 5], [10, 3]
+    )
+    assert tokens == [[7, 8, 0], [4, 5, 6]]
+    assert positions == [[10, 11, 10], [3, 4, 4]]
+    # Tree 0's padding slot attends to itself alone.
+    assert mask == [[[T, F, F], [T, T, F], [F, F, T]], [[T, F, F], [T, T, F], [T, F, T]]]
+    assert rows == [0, 0, 1, 1, 1]
+    assert cols == [0, 1, 0, 1, 2]
+
+
 def test_batch_packed_paths_links() -> None:
     assert ref.batch_packed_mask(BP, BO) == [[1], [3], [5], [11], [19], [1], [3]]
     # Nmax = 33 -> two words for every row

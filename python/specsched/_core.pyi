@@ -180,6 +180,19 @@ class TreeBatch:
         """bool `[B, Nmax, Nmax]`, False outside each tree."""
     def packed_mask(self, *, out: npt.NDArray[np.uint32] | None = None) -> npt.NDArray[np.uint32]:
         """uint32 `[T, ceil(Nmax/32)]`: each node's ancestor bits within its tree."""
+    def padded_layout(
+        self, prefix_lens: npt.ArrayLike | None = None
+    ) -> tuple[
+        npt.NDArray[np.int64],
+        npt.NDArray[np.int64],
+        npt.NDArray[np.bool_],
+        npt.NDArray[np.int64],
+        npt.NDArray[np.int64],
+    ]:
+        """`(tokens, positions, tree_mask, rows, cols)`: the batch as the `[B, Nmax]` batch a
+        model runs. Tree b in slots `0..N_b` of row b (tokens; positions prefix_b + depth; the
+        padded mask); a padding slot has token 0, position prefix_b and sees itself alone.
+        `rows`, `cols` int64 `[T]`: the slot of each flat node (`out[rows, cols]`)."""
     def paths(self) -> npt.NDArray[np.int32]:
         """int32 `[B, Lmax, Dmax + 1]` root-to-leaf paths, tree-local, -1 padded."""
     def sglang_links(self) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:

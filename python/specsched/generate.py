@@ -189,18 +189,10 @@ class PaddedTrees:
 
 
 def pad_trees(trees: TreeBatch, lengths: np.ndarray) -> PaddedTrees:
-    """`trees` padded to `[B, max_nodes]` for a model whose rows hold `lengths` tokens."""
-    b, n = trees.num_trees, trees.max_nodes
-    offsets = trees.offsets
-    sizes = np.diff(offsets)
-    rows = np.repeat(np.arange(b), sizes)
-    cols = np.arange(trees.num_nodes) - np.repeat(offsets[:-1], sizes)
-    tokens = np.zeros((b, n), dtype=np.int64)
-    tokens[rows, cols] = trees.tokens
-    positions = np.repeat(np.asarray(lengths, dtype=np.int64)[:, None], n, axis=1)
-    positions[rows, cols] = trees.positions(lengths)
-    tree_mask = trees.padded_mask() | np.eye(n, dtype=bool)[None]
-    return PaddedTrees(tokens, positions, tree_mask, rows, cols)
+    """`trees` padded to `[B, max_nodes]` for a model whose rows hold `lengths` tokens: one
+    specsched call (`TreeBatch.padded_layout`), where the numpy formulation took ~100 µs a
+    step right after a CPU model forward."""
+    return PaddedTrees(*trees.padded_layout(lengths))
 
 
 def root_only(roots: np.ndarray) -> TreeBatch:

@@ -442,6 +442,35 @@ def padded_mask(parents: Sequence[int], offsets: Sequence[int]) -> list[list[lis
     return out
 
 
+def padded_layout(
+    parents: Sequence[int],
+    tokens: Sequence[int],
+    offsets: Sequence[int],
+    prefix_lens: int | Sequence[int],
+) -> tuple[list[list[int]], list[list[int]], list[list[list[bool]]], list[int], list[int]]:
+    """The batch as the ``[B, Nmax]`` batch a model runs: ``(tokens, positions, tree_mask, rows,
+    cols)``. Tree b fills slots ``0..N_b`` of row b with its tokens, positions ``prefix_b +
+    depth`` and :func:`padded_mask`; a padding slot holds token 0 and position ``prefix_b``
+    and attends to itself alone. ``rows[t]``, ``cols[t]``: the slot of flat node t."""
+    trees = _trees(offsets)
+    pls = _prefix_list(prefix_lens, len(trees))
+    nmax = max(end - start for start, end in trees)
+    mask = padded_mask(parents, offsets)
+    out_tokens: list[list[int]] = []
+    out_positions: list[list[int]] = []
+    rows: list[int] = []
+    cols: list[int] = []
+    for b, ((start, end), pl) in enumerate(zip(trees, pls, strict=True)):
+        n = end - start
+        out_tokens.append(list(tokens[start:end]) + [0] * (nmax - n))
+        out_positions.append(positions(parents[start:end], pl) + [pl] * (nmax - n))
+        for j in range(n, nmax):
+            mask[b][j][j] = True
+        rows.extend([b] * n)
+        cols.extend(range(n))
+    return out_tokens, out_positions, mask, rows, cols
+
+
 def batch_packed_mask(parents: Sequence[int], offsets: Sequence[int]) -> list[list[int]]:
     """uint32 words ``[T, ceil(Nmax / 32)]``: each node's :func:`packed_mask` row over its own
     tree, zero-extended to the batch width."""

@@ -379,6 +379,68 @@ pub fn fill_padded_mask(batch: &TreeBatch, out: &mut [bool]) -> Result<()> {
     })
 }
 
+/// Outputs of [`fill_padded_layout`]: `[B, Nmax]` tokens and positions, the `[B, Nmax, Nmax]`
+/// mask, and `[T]` rows and columns, all row-major.
+pub struct PaddedOut<'a> {
+    pub tokens: &'a mut [i64],
+    pub positions: &'a mut [i64],
+    pub mask: &'a mut [bool],
+    pub rows: &'a mut [i64],
+    pub cols: &'a mut [i64],
+}
+
+/// The ragged batch as the `[B, Nmax]` batch a model runs: tree b's nodes in slots `0..N_b` of
+/// row b (tokens, positions `prefix_b + depth`, the ancestor mask of [`fill_padded_mask`]); a
+/// padding slot holds token 0 and position `prefix_b` and attends to itself alone, so no mask
+/// row is empty (a softmax over no keys is NaN). `rows[t]`, `cols[t]`: the slot of flat node
+/// `t`, to gather per-slot outputs back into tree order.
+pub fn fill_padded_layout(batch: &TreeBatch, prefix: &[usize], out: PaddedOut<'_>) -> Result<()> {
+    let (b, m) = (batch.num_trees(), batch.max_nodes());
+    check_len("prefix_lens", prefix.len(), b)?;
+    check_len("tokens", out.tokens.len(), b * m)?;
+    check_len("positions", out.positions.len(), b * m)?;
+    check_len("rows", out.rows.len(), batch.num_nodes())?;
+    check_len("cols", out.cols.len(), batch.num_nodes())?;
+    fill_padded_mask(batch, out.mask)?;
+    let slots = out.tokens.chunks_exact_mut(m.max(1));
+    let places = out.positions.chunks_exact_mut(m.max(1));
+    for (tree, ((tokens, positions), &pre)) in slots.zip(places).zip(prefix).enumerate() {
+        let t = batch.tree(tree);
+        let n = t.num_nodes();
+        let pre = i64::try_from(pre)
+            .ok()
+            .filter(|p| p.checked_add(i64::from(t.max_depth)).is_some())
+            .ok_or_else(|| {
+                Error::value(
+                    "prefix_lens",
+                    format!(
+                        "prefix_lens[{tree}] = {pre} + tree depth {} is not a valid int64 position",
+                        t.max_depth
+                    ),
+                )
+            })?;
+        tokens[..n].copy_from_slice(t.tokens);
+        tokens[n..].fill(0);
+        for (o, &d) in positions[..n].iter_mut().zip(t.depths) {
+            *o = pre + i64::from(d);
+        }
+        positions[n..].fill(pre);
+        let padding = &mut out.mask[tree * m * m..(tree + 1) * m * m];
+        for j in n..m {
+            padding[j * m + j] = true;
+        }
+        let start = batch.offsets()[tree];
+        for (local, (row, col)) in out.rows[start..start + n]
+            .iter_mut()
+            .zip(&mut out.cols[start..start + n])
+            .enumerate()
+        {
+            (*row, *col) = (tree as i64, local as i64);
+        }
+    }
+    Ok(())
+}
+
 /// Packed mask of every node over its own tree: `[T, ceil(Nmax/32)]` u32.
 pub fn fill_batch_packed_mask(batch: &TreeBatch, out: &mut [u32]) -> Result<()> {
     let w = packed_words(batch.max_nodes());
@@ -472,6 +534,46 @@ mod tests {
         let mut words = vec![0u32; 70 * 3];
         fill_packed_mask(t.view(), 3, &mut words).unwrap();
         assert_eq!(&words[69 * 3..], &[u32::MAX, u32::MAX, 0b111111]);
+    }
+
+    #[test]
+    fn padded_layout_pads_each_row_and_maps_nodes_back() {
+        // Tree 0: 0 -> 1 (tokens 7, 8); tree 1: 0 -> {1, 2} (tokens 4, 5, 6).
+        let p = [-1i32, 0, -1, 0, 0];
+        let tok = [7i64, 8, 4, 5, 6];
+        let b = TreeBatch::from_views(
+            ArrayView1::from(&p),
+            ArrayView1::from(&tok),
+            ArrayView1::from(&[0i64, 2, 5]),
+        )
+        .unwrap();
+        let (mut tokens, mut positions, mut mask) = (vec![-9; 6], vec![-9; 6], vec![true; 18]);
+        let (mut rows, mut cols) = (vec![-9; 5], vec![-9; 5]);
+        let out = PaddedOut {
+            tokens: &mut tokens,
+            positions: &mut positions,
+            mask: &mut mask,
+            rows: &mut rows,
+            cols: &mut cols,
+        };
+        fill_padded_layout(&b, &[10, 3], out).unwrap();
+        assert_eq!(tokens, [7, 8, 0, 4, 5, 6]);
+        assert_eq!(positions, [10, 11, 10, 3, 4, 4]);
+        let bits: Vec<u8> = mask.iter().map(|&x| x as u8).collect();
+        // Tree 0's padding slot 2 sees itself alone.
+        assert_eq!(&bits[..9], &[1, 0, 0, 1, 1, 0, 0, 0, 1]);
+        assert_eq!(&bits[9..], &[1, 0, 0, 1, 1, 0, 1, 0, 1]);
+        assert_eq!(rows, [0, 0, 1, 1, 1]);
+        assert_eq!(cols, [0, 1, 0, 1, 2]);
+        let short = PaddedOut {
+            tokens: &mut tokens[..5],
+            positions: &mut positions,
+            mask: &mut mask,
+            rows: &mut rows,
+            cols: &mut cols,
+        };
+        let e = fill_padded_layout(&b, &[10, 3], short).unwrap_err();
+        assert!(e.to_string().contains("tokens"), "{e}");
     }
 
     #[test]

@@ -625,6 +625,50 @@ impl PyTreeBatch {
         Ok(arr)
     }
 
+    /// `(tokens, positions, tree_mask, rows, cols)`: the batch as the `[B, Nmax]` batch a model
+    /// runs (`generate.pad_trees`), in one call: right after a model forward each numpy
+    /// operation of a Python formulation costs µs.
+    #[pyo3(signature = (prefix_lens=None))]
+    fn padded_layout<'py>(
+        &self,
+        py: Python<'py>,
+        prefix_lens: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyTuple>> {
+        let prefix = self.prefix_or_zero(prefix_lens)?;
+        let b = &self.inner;
+        let (n, m, t) = (b.num_trees(), b.max_nodes(), b.num_nodes());
+        let tokens = zeros::<i64>(py, &[n, m])?;
+        let positions = zeros::<i64>(py, &[n, m])?;
+        let mask = zeros::<bool>(py, &[n, m, m])?;
+        let rows = zeros::<i64>(py, &[t])?;
+        let cols = zeros::<i64>(py, &[t])?;
+        // SAFETY: the five arrays were made just above, each its own C-contiguous allocation,
+        // and no other reference to any of them exists before this function returns them, so
+        // these are the only views of their data (rust-numpy's borrow registry, which tracks
+        // views shared with other calls, has none to find).
+        let out = unsafe {
+            layout::PaddedOut {
+                tokens: tokens.as_slice_mut()?,
+                positions: positions.as_slice_mut()?,
+                mask: mask.as_slice_mut()?,
+                rows: rows.as_slice_mut()?,
+                cols: cols.as_slice_mut()?,
+            }
+        };
+        py.detach(|| layout::fill_padded_layout(b, &prefix, out))
+            .py()?;
+        PyTuple::new(
+            py,
+            [
+                tokens.into_any(),
+                positions.into_any(),
+                mask.into_any(),
+                rows.into_any(),
+                cols.into_any(),
+            ],
+        )
+    }
+
     /// uint32 `[T, ceil(Nmax/32)]`: each node's ancestor bits over its own tree.
     #[pyo3(signature = (*, out=None))]
     fn packed_mask<'py>(
