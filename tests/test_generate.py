@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -266,6 +267,29 @@ def test_generation_statistics() -> None:
     assert 0 <= gen.specsched_share
 
 
+def test_target_layout_time_is_specsched_time() -> None:
+    """A target's `layout_seconds` (its time in specsched's tree layouts) moves from the
+    target's time to specsched's `layout_s`."""
+
+    class LayingOutTarget(ToyTarget):
+        def forward_tree(self, trees: ss.TreeBatch) -> Any:
+            t0 = time.perf_counter()
+            time.sleep(0.002)  # stands in for `pad_trees`
+            self.layout_seconds = getattr(self, "layout_seconds", 0.0) + time.perf_counter() - t0
+            return super().forward_tree(trees)
+
+    models = toy_models(vocab=6, seed=2, mismatch=0.3)
+    target = LayingOutTarget(models.target_logits)
+    target.layout_seconds = 0.5  # time from before this call is not this call's
+    gen = generate(target, ToyDrafter(models.draft_logits), [[0, 1], [1, 2]], 12)
+    assert gen.layout_s == pytest.approx(target.layout_seconds - 0.5)
+    assert gen.layout_s >= 0.002 * gen.steps
+    # The toy's forwards are numpy on a 6-token vocabulary: far under 2 ms a step.
+    assert 0 < gen.target_s < gen.layout_s
+    assert gen.specsched_s == pytest.approx(gen.build_s + gen.layout_s + gen.verify_s + gen.kv_s)
+    assert gen.wall_s >= gen.target_s + gen.specsched_s
+
+
 # --- torch: the shipped tiny model, a random model with an oracle drafter -----------------------
 
 torch = pytest.importorskip("torch")
@@ -321,6 +345,7 @@ def test_shipped_model_greedy_is_autoregressive(shipped: tuple[Any, Any], batch:
     for name, drafter in drafters(target, head).items():
         spec = generate(TinyTarget(target), drafter, prompts, 48)
         assert spec.tokens == ar.tokens, name
+        assert spec.layout_s > 0, name  # the target's pad_trees, counted as specsched's
         if name.startswith("eagle"):
             assert spec.mean_accepted > 0.5, name  # the trained head really drafts
 

@@ -210,13 +210,13 @@ def _print_table(report: dict[str, Any]) -> None:
         "\nnodes: tokens verified per request and step; tok/fwd: tokens emitted per target "
         "forward\n(1.00 = autoregressive); accept: draft tokens accepted per step; target, "
         "draft: shares of the\nloop's time; specsched/step: its own time per step (tree "
-        "build, verify, KV compaction) and\nthat time as a share of the target's tree forward, "
-        "measured in the loop: each call follows a CPU\nmodel forward that evicted the caches "
-        "and costs several times what it costs hot\n(benches/test_generate.py: verify + "
-        "compaction ~20 µs per step); the dynamic trees call the\nbuilder once per draft "
-        "level, after each head forward. On a CPU a tree forward costs\nmore than a one-token "
-        "forward, so wall time lags tokens per forward; on a GPU (--device cuda)\nthe forward "
-        "is memory-bound and the two converge."
+        "build, the target's padded\nlayout, verify, KV compaction) and that time as a share "
+        "of the target's tree forward,\nmeasured in the loop: each call follows a CPU model "
+        "forward that evicted the caches and\ncosts several times what it costs hot "
+        "(benches/test_generate.py: verify + compaction\n~20 µs per step); the dynamic trees "
+        "call the builder once per draft level, after each head\nforward. On a CPU a tree "
+        "forward costs more than a one-token forward, so wall\ntime lags tokens per forward; "
+        "on a GPU (--device cuda) the forward is memory-bound and the\ntwo converge."
     )
     s = report["sampling"]
     print(

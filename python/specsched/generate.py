@@ -72,6 +72,9 @@ class TargetModel(Protocol):
     # Optional: `retire(rows)`, the rows whose requests finished: the loop still feeds them
     # root-only trees (the batch keeps its shape) and ignores their outputs, so the target
     # may stop advancing them (their positions then stay within the request's own range).
+    # Optional: `layout_seconds` (float, cumulative), the time `forward_tree` spent in
+    # specsched's tree layouts (`pad_trees`): reported as specsched's (`layout_s`), not the
+    # target's.
 
 
 class Drafter(Protocol):
@@ -109,9 +112,10 @@ class Generation:
     `tokens[b]`: the new tokens of request b (EOS included when it stopped on one).
     `accepted[b]`: draft tokens accepted at each verify step while b was running.
     `forwards[b]`: target forwards b took part in (its prefill included).
-    Times are seconds: `target_s` (prefill and tree forwards), `draft_s` (the drafter, without
-    the time it spent in specsched's builders), `build_s`, `verify_s` and `kv_s` (specsched:
-    tree building, verification, KV compaction), `wall_s` (the whole call).
+    Times are seconds: `target_s` (prefill and tree forwards, without the target's
+    `layout_seconds`), `draft_s` (the drafter, without the time it spent in specsched's
+    builders), `build_s`, `layout_s`, `verify_s` and `kv_s` (specsched: tree building, the
+    target's tree layouts, verification, KV compaction), `wall_s` (the whole call).
     """
 
     tokens: list[list[int]]
@@ -122,6 +126,7 @@ class Generation:
     target_s: float = 0.0
     draft_s: float = 0.0
     build_s: float = 0.0
+    layout_s: float = 0.0
     verify_s: float = 0.0
     kv_s: float = 0.0
     wall_s: float = 0.0
@@ -144,8 +149,9 @@ class Generation:
 
     @property
     def specsched_s(self) -> float:
-        """specsched's own time: tree building, verification and KV compaction."""
-        return self.build_s + self.verify_s + self.kv_s
+        """specsched's own time: tree building, the target's tree layouts, verification and KV
+        compaction."""
+        return self.build_s + self.layout_s + self.verify_s + self.kv_s
 
     @property
     def specsched_share(self) -> float:
@@ -290,6 +296,7 @@ def generate(
         drafter.start(prompts, roots.copy(), prefill)
         out.draft_s += clock() - t0
     build0 = float(getattr(drafter, "build_seconds", 0.0))
+    layout0 = float(getattr(target, "layout_seconds", 0.0))
 
     while active.any():
         out.steps += 1
@@ -374,6 +381,9 @@ def generate(
         finish = getattr(drafter, "finish", None)
         if finish is not None:
             finish()
+    # specsched's layouts inside the target's forwards: specsched's time, not the target's.
+    out.layout_s = float(getattr(target, "layout_seconds", 0.0)) - layout0
+    out.target_s -= out.layout_s
     out.wall_s = clock() - wall0
     return out
 

@@ -28,6 +28,7 @@ static, quantized, offloaded and encoder-decoder caches are refused with a TypeE
 from __future__ import annotations
 
 import inspect
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -136,6 +137,7 @@ class HFTarget:
         self.lengths = np.zeros(0, dtype=np.int64)
         self.retired = RetiredRows()
         self.synchronize = synchronizer(self.device)
+        self.layout_seconds = 0.0  # in `pad_trees`: specsched's time (`generate`'s layout_s)
         self._pending: int | None = None  # S of the forward_tree awaiting accept
 
     @property
@@ -230,7 +232,9 @@ class HFTarget:
         b, n = trees.num_trees, trees.max_nodes
         if b != self.batch_size:
             raise ValueError(f"trees: {b} trees for a batch of {self.batch_size} rows")
+        t0 = time.perf_counter()
         padded = pad_trees(trees, self.lengths)
+        self.layout_seconds += time.perf_counter() - t0
         s = int(self.cache.get_seq_length())
         allowed = torch.cat(
             (self.valid.cpu()[:, None, :].expand(b, n, s), torch.from_numpy(padded.tree_mask)),

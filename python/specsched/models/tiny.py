@@ -24,6 +24,7 @@ feature; the LM head turns that into the draft distribution.
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -326,6 +327,7 @@ class TinyTarget:
         self.lengths = np.zeros(0, dtype=np.int64)
         self.retired = RetiredRows()
         self.synchronize = synchronizer(self.device)
+        self.layout_seconds = 0.0  # in `pad_trees`: specsched's time (`generate`'s layout_s)
 
     @property
     def vocab_size(self) -> int:
@@ -370,7 +372,9 @@ class TinyTarget:
         cache = grow_seq(self.cache, self.SEQ_DIM, int(self.lengths.max()) + n, self.headroom)
         if cache is not self.cache:
             self._set_cache(cache)
+        t0 = time.perf_counter()
         padded = pad_trees(trees, self.lengths)
+        self.layout_seconds += time.perf_counter() - t0
         dev = self.device
         lengths = torch.as_tensor(self.lengths, device=dev)
         write_at = lengths[:, None] + torch.arange(n, device=dev)  # node i at L_b + i
