@@ -7,7 +7,10 @@ One group per (B, N). Contenders compute the same three outputs from the same in
 - `numpy_peer`: the vectorized formulation a peer would write on a padded `[B, Nmax]` parent
   array: every node climbs one level per step at once (a loop over depth, never over nodes).
 Each contender's output is checked against Rust's after timing (the timed call returns it).
-The group "tree N=8" times a single small tree: `Tree(...)` + `attention_mask()`.
+The group "tree N=8" times a single small tree: `Tree(...)` + `attention_mask()`. The groups
+"padded layout B, N" time `TreeBatch.padded_layout(prefix_lens)` (the padded `[B, Nmax]` batch
+a model runs, `generate.pad_trees`) on a built batch, against `reference.padded_layout` and
+the same climb in numpy with the tokens scattered into their slots.
 """
 
 from __future__ import annotations
@@ -22,16 +25,15 @@ SIZES = [(b, n) for b in (1, 32, 256) for n in (8, 64, 128)]
 CONTENDERS = ["rust", "reference", "numpy_peer"]
 
 
-def numpy_layout(
-    padded_parents: np.ndarray, sizes: np.ndarray, prefix_lens: np.ndarray
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """`(padded_mask [B, Nmax, Nmax], positions [T], paths [B, Lmax, Dmax+1])` in numpy.
+def climb(
+    padded_parents: np.ndarray, sizes: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """`(mask [B, Nmax, Nmax], depth [B * Nmax], valid [B, Nmax], up [B * Nmax])` in numpy.
 
     Works on global node ids g = b * Nmax + i. `up[g]` is g's parent, and a root or padding
-    slot points at itself, so climbing is idempotent there. Step k marks, for every node at
-    once, its k-th ancestor in the mask and counts a level if it moved; after max_depth + 1
-    steps every node sits on its root. Paths climb from the leaves only, writing column
-    depth - k; columns that fall off the left edge go to a scratch column that is sliced away.
+    slot points at itself, so climbing is idempotent there (a padding row marks its own
+    diagonal alone). Step k marks, for every node at once, its k-th ancestor in the mask and
+    counts a level if it moved; after max_depth + 1 steps every node sits on its root.
     """
     nb, nmax = padded_parents.shape
     local = np.arange(nmax)
@@ -52,7 +54,19 @@ def numpy_layout(
             break
         depth += moved
         cur = nxt
-    mask = mask.reshape(nb, nmax, nmax)
+    return mask.reshape(nb, nmax, nmax), depth, valid, up
+
+
+def numpy_layout(
+    padded_parents: np.ndarray, sizes: np.ndarray, prefix_lens: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """`(padded_mask [B, Nmax, Nmax], positions [T], paths [B, Lmax, Dmax+1])` in numpy, from
+    the `climb`. Paths climb from the leaves only, writing column depth - k; columns that fall
+    off the left edge go to a scratch column that is sliced away.
+    """
+    nb, nmax = padded_parents.shape
+    mask, depth, valid, up = climb(padded_parents, sizes)
+    g = np.arange(nb * nmax)
     all_valid = bool(valid.all())
     if not all_valid:
         mask[~valid] = False  # padding rows marked their own diagonal
@@ -143,6 +157,46 @@ def test_layout(benchmark, num_trees, num_nodes, contender):
     np.testing.assert_array_equal(np.asarray(paths), expected.paths())
 
 
+def numpy_padded_layout(
+    padded_parents: np.ndarray, sizes: np.ndarray, tokens: np.ndarray, prefix_lens: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """`TreeBatch.padded_layout` in numpy: the `climb`'s mask (padding rows already see only
+    themselves) and depths, tokens scattered into their slots."""
+    nb, nmax = padded_parents.shape
+    mask, depth, valid, _ = climb(padded_parents, sizes)
+    rows, cols = np.nonzero(valid)  # row-major: tree order
+    padded_tokens = np.zeros((nb, nmax), dtype=np.int64)
+    padded_tokens[rows, cols] = tokens
+    positions = depth.reshape(nb, nmax) + prefix_lens[:, None]
+    return padded_tokens, positions, mask, rows, cols
+
+
+# The demo's decode loop (4 requests, 16-node trees) and a serving batch.
+PADDED_SIZES = [(4, 16), (64, 64)]
+
+
+@pytest.mark.parametrize("contender", CONTENDERS)
+@pytest.mark.parametrize(
+    ("num_trees", "num_nodes"), PADDED_SIZES, ids=[f"B{b}-N{n}" for b, n in PADDED_SIZES]
+)
+def test_padded_layout(benchmark, num_trees, num_nodes, contender):
+    """The padded batch a model runs (`generate.pad_trees`), from a built TreeBatch."""
+    benchmark.group = f"padded layout B={num_trees} N={num_nodes}"
+    batch = uniform_batch(num_trees, num_nodes)
+    tb, prefix = batch.tree_batch(), batch.prefix_lens
+    if contender == "rust":
+        got = run(benchmark, lambda: tb.padded_layout(prefix))
+    elif contender == "reference":
+        lists = batch.lists()
+        args = lists["parents"], lists["tokens"], lists["offsets"], lists["prefix_lens"]
+        got = run(benchmark, lambda: ref.padded_layout(*args))
+    else:
+        padded, sizes, tokens = batch.padded_parents, batch.sizes, batch.tokens
+        got = run(benchmark, lambda: numpy_padded_layout(padded, sizes, tokens, prefix))
+    for g, w in zip(got, tb.padded_layout(prefix), strict=True):
+        np.testing.assert_array_equal(np.asarray(g), w)
+
+
 TREE_N = 8
 
 
@@ -169,3 +223,6 @@ def test_numpy_peer_on_ragged_batch():
     np.testing.assert_array_equal(mask, expected.padded_mask())
     np.testing.assert_array_equal(positions, expected.positions(batch.prefix_lens))
     np.testing.assert_array_equal(paths, expected.paths())
+    padded = numpy_padded_layout(batch.padded_parents, batch.sizes, batch.tokens, batch.prefix_lens)
+    for g, w in zip(padded, expected.padded_layout(batch.prefix_lens), strict=True):
+        np.testing.assert_array_equal(g, w)
