@@ -10,7 +10,6 @@ import threading
 import time
 import tracemalloc
 from collections.abc import Callable, Sequence
-from dataclasses import astuple
 from typing import Any
 
 import numpy as np
@@ -329,7 +328,7 @@ def test_padded_layout_matches_reference(
     assert mask.any(axis=-1).all()  # no empty attention row
     # generate.pad_trees is this layout.
     padded = pad_trees(b, np.zeros(nb, np.int64) if arg is None else arg)
-    assert all(np.array_equal(x, y) for x, y in zip(astuple(padded), got, strict=True))
+    assert all(np.array_equal(x, y) for x, y in zip(padded, got, strict=True))
 
 
 @st.composite
