@@ -1,7 +1,7 @@
 //! Every layout of random trees and batches against the ancestor-closure model: dense mask
 //! (and its row padding), packed words, positions, paths, SGLang links, and the batched
-//! forms (FlashInfer ragged mask and its bit-packed segments, QLEN, padded, packed rows,
-//! positions, paths, links). Wrong-sized outputs must be refused, never written past.
+//! forms (FlashInfer ragged mask and its bit-packed segments, QLEN, padded, the padded model
+//! batch, packed rows, positions, paths, links). Wrong-sized outputs must be refused, never written past.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
@@ -161,6 +161,30 @@ fuzz_target!(|data: &[u8]| {
     fill_batch_paths(&batch, &mut bpaths).unwrap();
     let (mut bnt, mut bns) = (vec![0i64; batch.num_nodes()], vec![0i64; batch.num_nodes()]);
     fill_batch_sglang_links(&batch, &mut bnt, &mut bns).unwrap();
+    // The padded model batch, over stale contents: every element is written.
+    let total = batch.num_nodes();
+    let (mut ptok, mut ppos, mut pmask) = (
+        vec![-7i64; nb * m],
+        vec![-7i64; nb * m],
+        vec![true; nb * m * m],
+    );
+    let (mut prow, mut pcol) = (vec![-7i64; total], vec![-7i64; total]);
+    let out = PaddedOut {
+        tokens: &mut ptok,
+        positions: &mut ppos,
+        mask: &mut pmask,
+        rows: &mut prow,
+        cols: &mut pcol,
+    };
+    fill_padded_layout(&batch, &pl, out).unwrap();
+    let short = PaddedOut {
+        tokens: &mut ptok,
+        positions: &mut ppos,
+        mask: &mut pmask[..nb * m * m - 1],
+        rows: &mut prow,
+        cols: &mut pcol,
+    };
+    assert!(fill_padded_layout(&batch, &pl, short).is_err());
     let mut qlen = vec![false; nb * first.num_nodes() * first.num_nodes()];
     let q = fill_qlen_mask(&batch, &mut qlen);
     let same = trees.iter().all(|t| t.num_nodes() == first.num_nodes());
@@ -175,12 +199,27 @@ fuzz_target!(|data: &[u8]| {
             for c in 0..m {
                 let want = r < n && c < n && anc[r][c];
                 assert_eq!(padded[i * m * m + r * m + c], want);
+                // A padding slot attends to itself alone.
+                assert_eq!(pmask[i * m * m + r * m + c], want || (r >= n && r == c));
                 if same {
                     assert_eq!(qlen[i * n * n + r * n + c], want);
                 }
             }
         }
+        for r in 0..m {
+            let (tok, pos) = if r < n {
+                (t.tokens()[r], (pl[i] + depths[r]) as i64)
+            } else {
+                (0, pl[i] as i64)
+            };
+            assert_eq!(
+                (ptok[i * m + r], ppos[i * m + r]),
+                (tok, pos),
+                "padded slot {i},{r}"
+            );
+        }
         for r in 0..n {
+            assert_eq!((prow[off + r], pcol[off + r]), (i as i64, r as i64));
             assert_eq!(bpos[off + r], (pl[i] + depths[r]) as i64);
             for j in 0..words * 32 {
                 let bit = bpacked[(off + r) * words + j / 32] >> (j % 32) & 1 == 1;
