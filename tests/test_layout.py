@@ -293,26 +293,17 @@ def test_batch_layouts_match_reference(
         assert np.array_equal(b.positions(), b.positions(0))
         assert np.array_equal(b.mask_indptr(), b.mask_indptr(0))
     _check_batch_layouts(b, parents, offsets, arg, prefix)
+    _check_padded_layout(b, parents, tokens, offsets, arg, prefix)
 
 
-@settings(max_examples=40, deadline=None)
-@given(
-    batch=st.one_of(batches(max_trees=6, max_nodes=40), batches(max_trees=64, max_nodes=12)),
-    kind=st.sampled_from(PREFIX_KINDS),
-    prefixes=st.lists(st.integers(0, 40), min_size=64, max_size=64),
-    strided=st.booleans(),
-)
-def test_padded_layout_matches_reference(
-    batch: tuple[list[int], list[int], list[int]],
-    kind: str,
-    prefixes: list[int],
-    strided: bool,
+def _check_padded_layout(
+    b: ss.TreeBatch,
+    parents: list[int],
+    tokens: list[int],
+    offsets: list[int],
+    arg: Any,
+    prefix: int | list[int],
 ) -> None:
-    parents, tokens, offsets = batch
-    b = ss.TreeBatch.from_flat(parents, tokens, offsets)
-    arg, prefix = _prefix_args(kind, prefixes[: len(offsets) - 1])
-    if strided and isinstance(arg, np.ndarray):
-        arg = as_array(arg.tolist(), arg.dtype.type, True)
     got = b.padded_layout() if arg is None else b.padded_layout(arg)
     want = ref.padded_layout(parents, tokens, offsets, prefix)
     nb, nmax, total = b.num_trees, b.max_nodes, b.num_nodes
