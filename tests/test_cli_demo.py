@@ -22,6 +22,11 @@ def test_demo_reports_every_method_identical_to_autoregressive(
     eagle = [r for name, r in rows.items() if name.startswith("eagle")]
     assert len(eagle) == 5
     assert all(r["tokens_per_forward"] > 1.0 for r in eagle)
+    for r in rows.values():
+        split = r["specsched_split_us_per_step"]
+        assert set(split) == {"build", "layout", "verify", "kv"}
+        assert split["layout"] > 0 and split["verify"] > 0 and split["kv"] > 0
+        assert sum(split.values()) == pytest.approx(r["specsched_us_per_step"], abs=0.3)
     assert report["sampling"]["same_seed_same_tokens"]
     assert report["model"]["head_rank_acceptance"][0] > 0.3
 
