@@ -407,24 +407,22 @@ pub fn fill_padded_layout(batch: &TreeBatch, prefix: &[usize], out: PaddedOut<'_
     for (tree, ((tokens, positions), &pre)) in slots.zip(places).zip(prefix).enumerate() {
         let t = batch.tree(tree);
         let n = t.num_nodes();
-        let pre = i64::try_from(pre)
-            .ok()
-            .filter(|p| p.checked_add(i64::from(t.max_depth)).is_some())
-            .ok_or_else(|| {
-                Error::value(
-                    "prefix_lens",
-                    format!(
-                        "prefix_lens[{tree}] = {pre} + tree depth {} is not a valid int64 position",
-                        t.max_depth
-                    ),
-                )
-            })?;
+        // The tree's positions as `Tree.positions` writes them; a refusal names this batch's
+        // argument and row.
+        let invalid = || {
+            Error::value(
+                "prefix_lens",
+                format!(
+                    "prefix_lens[{tree}] = {pre} + tree depth {} is not a valid int64 position",
+                    t.max_depth
+                ),
+            )
+        };
+        let pre = i64::try_from(pre).map_err(|_| invalid())?;
+        fill_positions(t, pre, &mut positions[..n]).map_err(|_| invalid())?;
+        positions[n..].fill(pre);
         tokens[..n].copy_from_slice(t.tokens);
         tokens[n..].fill(0);
-        for (o, &d) in positions[..n].iter_mut().zip(t.depths) {
-            *o = pre + i64::from(d);
-        }
-        positions[n..].fill(pre);
         let padding = &mut out.mask[tree * m * m..(tree + 1) * m * m];
         for j in n..m {
             padding[j * m + j] = true;
