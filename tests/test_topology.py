@@ -127,6 +127,19 @@ def as_lists(step):
     return [np.asarray(a).tolist() for a in step]
 
 
+def drawn_active(data, batch):
+    """Which requests run: None (all), or flags with some finished (as a list or array)."""
+    flags = data.draw(st.none() | st.lists(st.booleans(), min_size=batch, max_size=batch))
+    if flags is not None and data.draw(st.booleans()):
+        return np.array(flags)
+    return flags
+
+
+def expected_max_nodes(budget, active):
+    """The built batch's largest tree: `budget` nodes when any request runs."""
+    return budget if active is None or any(active) else 1
+
+
 # (batch, topk, depth, data) of the builder tests.
 BUILDER_DRAWS = (st.integers(1, 3), st.integers(1, 3), st.integers(1, 4), st.data())
 
@@ -141,8 +154,9 @@ def test_dynamic_builder_matches_reference(batch, topk, depth, data, fdt):
     roots = rng.integers(0, 50, size=batch)
     tok, lp = random_step(rng, (batch, topk))
     prefix = rng.integers(0, 9, size=batch)
-    got = rust.start(roots, tok, lp.astype(fdt), prefix_lens=prefix)
-    want = oracle.start(roots.tolist(), tok.tolist(), lp.tolist(), prefix.tolist())
+    active = drawn_active(data, batch)
+    got = rust.start(roots, tok, lp.astype(fdt), prefix_lens=prefix, active=active)
+    want = oracle.start(roots.tolist(), tok.tolist(), lp.tolist(), prefix.tolist(), active)
     assert as_lists(got) == [list(w) for w in want]
     # Unsorted rows and strided inputs reach the same selection as a draft's sorted top-k.
     sort, layout = data.draw(st.booleans()), data.draw(st.sampled_from([np.asarray, strided]))
@@ -155,7 +169,7 @@ def test_dynamic_builder_matches_reference(batch, topk, depth, data, fdt):
         assert rust.settled == oracle.settled
     assert rust.level == steps
     drafted = topk + (steps - 1) * topk * topk
-    if budget - 1 > drafted:
+    if budget - 1 > drafted and expected_max_nodes(budget, active) > 1:
         with pytest.raises(ValueError, match="budget"):
             rust.build()
         return
@@ -165,7 +179,7 @@ def test_dynamic_builder_matches_reference(batch, topk, depth, data, fdt):
         assert tb.parents.tolist() == parents
         assert tb.tokens.tolist() == tokens
         assert idx.tolist() == pool_index
-        assert tb.num_trees == batch and tb.max_nodes == budget
+        assert tb.num_trees == batch and tb.max_nodes == expected_max_nodes(budget, active)
 
 
 def in_place_step(builder):
@@ -186,15 +200,18 @@ def test_dynamic_builder_in_place_matches_reference(batch, topk, depth, data, id
     rust = ss.DynamicTreeBuilder(batch, topk, depth, budget)
     buf = rust.buffers
     buf.attention_mask[:] = True  # stale contents must not leak into a step
+    assert buf.active.tolist() == [True] * batch  # every request runs until told otherwise
     for levels in (depth, data.draw(st.integers(1, depth))):
         oracle = ref.DynamicTreeBuilder(batch, topk, depth, budget)
         roots = rng.integers(0, 50, size=batch)
         tok, lp = random_step(rng, (batch, topk))
         prefix = rng.integers(0, 9, size=batch)
+        active = data.draw(st.lists(st.booleans(), min_size=batch, max_size=batch))
         buf.topk_tokens[:, 0], buf.topk_logprobs[:, 0] = tok, lp
         buf.root_tokens[:], buf.prefix_lens[:] = roots.astype(idt), prefix.astype(idt)
+        buf.active[:] = active
         settled = rust.start_in_place()
-        want = oracle.start(roots.tolist(), tok.tolist(), lp.tolist(), prefix.tolist())
+        want = oracle.start(roots.tolist(), tok.tolist(), lp.tolist(), prefix.tolist(), active)
         assert as_lists(in_place_step(rust)) == [list(w) for w in want]
         assert settled is rust.settled is oracle.settled
         for _ in range(levels - 1):
@@ -204,7 +221,8 @@ def test_dynamic_builder_in_place_matches_reference(batch, topk, depth, data, id
             want = oracle.expand(tok.tolist(), lp.tolist())
             assert as_lists(in_place_step(rust)) == [list(w) for w in want]
             assert settled is rust.settled is oracle.settled
-        if budget - 1 > topk + (levels - 1) * topk * topk:
+        too_few = budget - 1 > topk + (levels - 1) * topk * topk
+        if too_few and any(active):
             continue  # too few candidates drafted: build refuses (tested above)
         order = data.draw(st.sampled_from(["pool", "depth_first"]))
         want = oracle.build(order)
@@ -305,12 +323,12 @@ def test_dynamic_builder_buffers_are_one_block_reused_without_allocation():
     buf = builders[0].buffers
     assert builders[0].buffers is buf and buf.tokens is buf.tokens
     views = [buf.topk_tokens, buf.topk_logprobs, buf.tokens, buf.parent_index]
-    views += [buf.positions, buf.attention_mask, buf.pool_index]
+    views += [buf.positions, buf.attention_mask, buf.pool_index, buf.active]
     block = buf.tokens.base
     while block.base is not None:
         block = block.base
     assert all(np.shares_memory(v, block) and v.flags.writeable for v in views)
-    shapes = [(b, k, k)] * 2 + [(b, k)] * 3 + [(b, k, depth * k), (b, 15)]
+    shapes = [(b, k, k)] * 2 + [(b, k)] * 3 + [(b, k, depth * k), (b, 15), (b,)]
     assert [v.shape for v in views] == shapes
     rng = np.random.default_rng(0)
     tok, lp = random_step(rng, (b, k, k))
@@ -478,6 +496,14 @@ def test_dynamic_builder_bad_input():
         b.start([1, 2], [[1, 2]], [[-1.0, -2.0], [-0.5, -1.0]])
     with pytest.raises(TypeError, match="topk_logprobs"):
         b.start([1, 2], [[1, 2], [3, 4]], [[1, 2], [3, 4]])
+    lp = [[-1.0, -2.0], [-0.5, -1.0]]
+    with pytest.raises(ValueError, match=r"active: expected 2 entries, got 3"):
+        b.start([1, 2], [[1, 2], [3, 4]], lp, active=[True, False, True])
+    with pytest.raises(TypeError, match="active: expected a bool array, got int64"):
+        b.start([1, 2], [[1, 2], [3, 4]], lp, active=np.array([1, 0]))
+    with pytest.raises(ValueError, match="active: expected a 1-D array, got 2-D"):
+        b.start([1, 2], [[1, 2], [3, 4]], lp, active=[[True, False]])
+    assert b.level == 0  # every refusal before anything changed
     b.start([1, 2], [[1, 2], [3, 4]], [[-1.0, -2.0], [-0.5, -1.0]])
     lp = np.full((2, 2, 2), -1.0)
     lp[1, 1, 0] = math.nan

@@ -8,7 +8,9 @@
 //! same candidates, tokens and parents numbered in depth-first preorder, siblings by pool
 //! index (so every subtree is a run of nodes that starts with its lowest-index child);
 //! `build_into` both of them, its indices written into a reused buffer; `settled` after
-//! every step is the model's (no candidate can still enter a tree). A
+//! every step is the model's (no candidate can still enter a tree). A request not running
+//! (`active` at start) builds to its root alone with a pool row of -1, and is left out of
+//! `settled` and of the budget check. A
 //! twin builder stepped with `start_into` / `expand_into` into buffers with room for every
 //! level (junk bytes in them) holds each step too, zeros past its width.
 #![no_main]
@@ -77,10 +79,15 @@ fuzz_target!(|data: &[u8]| {
     let mut pool: Vec<Vec<(f64, i64, i64, u32)>> = vec![vec![]; bs];
     let mut frontiers: Vec<Vec<Vec<usize>>> = vec![vec![]; bs]; // per level, slot -> pool idx
     let prefix: Vec<i64> = (0..bs).map(|_| b.below(5) as i64).collect();
-    // `settled` of the model: every request has budget - 1 frontier nodes (all levels) and
-    // its best current frontier score is at most the (budget - 1)-th best of them.
+    let active: Option<Vec<bool>> = match b.u8() % 2 {
+        0 => None,
+        _ => Some((0..bs).map(|_| b.u8() % 3 != 0).collect()),
+    };
+    let running = |r: usize| active.as_ref().is_none_or(|a| a[r]);
+    // `settled` of the model: every running request has budget - 1 frontier nodes (all
+    // levels) and its best current frontier score is at most the (budget - 1)-th best of them.
     let settled = |pool: &[Vec<(f64, i64, i64, u32)>], frontiers: &[Vec<Vec<usize>>]| {
-        (0..bs).all(|r| {
+        (0..bs).filter(|&r| running(r)).all(|r| {
             let mut fed: Vec<f64> = frontiers[r]
                 .iter()
                 .flatten()
@@ -103,9 +110,22 @@ fuzz_target!(|data: &[u8]| {
         let tk = Array2::from_shape_fn((bs, k), |_| b.below(6) as i64);
         let lp = Array2::from_shape_fn((bs, k), |_| logprob(&mut b));
         let valid = lp.iter().all(|&x| x <= 0.0);
-        let r = d.start(root.view(), tk.view(), lp.view(), &prefix);
+        let r = d.start(
+            root.view(),
+            tk.view(),
+            lp.view(),
+            &prefix,
+            active.as_deref(),
+        );
         assert_eq!(r.is_ok(), valid, "start with {lp:?}");
-        let t = twin.start_into(root.view(), tk.view(), lp.view(), &prefix, held.out());
+        let t = twin.start_into(
+            root.view(),
+            tk.view(),
+            lp.view(),
+            &prefix,
+            active.as_deref(),
+            held.out(),
+        );
         assert_eq!(t.is_ok(), valid);
         let Ok(step) = r else { continue };
         held.assert_holds(&step);
@@ -191,10 +211,23 @@ fuzz_target!(|data: &[u8]| {
     // build: the model's top budget - 1 candidates per request.
     let r = d.build();
     let m = pool[0].len();
-    assert_eq!(r.is_ok(), budget - 1 <= m, "budget {budget}, pool {m}");
+    let none_running = !(0..bs).any(running);
+    assert_eq!(
+        r.is_ok(),
+        budget - 1 <= m || none_running,
+        "budget {budget}, pool {m}"
+    );
     let Ok((batch, pool_index)) = r else { return };
     let n = budget;
     for r in 0..bs {
+        if !running(r) {
+            let t = batch.tree(r);
+            assert_eq!((t.num_nodes(), t.tokens[0]), (1, root[r]));
+            assert!(pool_index[r * (n - 1)..(r + 1) * (n - 1)]
+                .iter()
+                .all(|&g| g == -1));
+            continue;
+        }
         let mut order: Vec<usize> = (0..m).collect();
         let p = &pool[r];
         order.sort_by(|&x, &y| {
@@ -233,7 +266,7 @@ fuzz_target!(|data: &[u8]| {
         assert_eq!(&got, want_batch);
         assert_eq!(&buf, want_index);
     }
-    for r in 0..bs {
+    for r in (0..bs).filter(|&r| running(r)) {
         let t = dfs.tree(r);
         let idx = &dfs_index[r * (n - 1)..(r + 1) * (n - 1)];
         let mut same = idx.to_vec();

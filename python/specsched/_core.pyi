@@ -383,10 +383,13 @@ class DynamicTreeBuilder:
         topk_tokens: npt.ArrayLike,
         topk_logprobs: npt.ArrayLike,
         prefix_lens: npt.ArrayLike | int | None = None,
+        active: npt.ArrayLike | None = None,
     ) -> tuple[
         npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.bool_], npt.NDArray[np.int64]
     ]:
-        """`(tokens [B,K], parent_index [B,K], attention_mask [B,K,K], positions [B,K])`."""
+        """`(tokens [B,K], parent_index [B,K], attention_mask [B,K,K], positions [B,K])`.
+        `active` (bool `[B]`, None = all): the requests still running; the others build to
+        their root alone and never keep the builder from settling."""
     def expand(
         self, topk_tokens: npt.ArrayLike, topk_logprobs: npt.ArrayLike
     ) -> tuple[
@@ -396,7 +399,8 @@ class DynamicTreeBuilder:
     def build(
         self, order: Literal["pool", "depth_first"] = "pool"
     ) -> tuple[TreeBatch, npt.NDArray[np.int64]]:
-        """`(TreeBatch, pool_index [B, budget-1])` reranked from every drafted candidate."""
+        """`(TreeBatch, pool_index [B, budget-1])` reranked from every drafted candidate (a
+        request not running: its root alone, pool row -1)."""
     @property
     def buffers(self) -> DraftBuffers:
         """Persistent buffers (made on first use) for the `*_in_place` calls."""
@@ -442,6 +446,9 @@ class DraftBuffers:
     @property
     def pool_index(self) -> npt.NDArray[np.int64]:
         """int64 `[B, budget-1]`: the built trees' pool indices (written by `build_in_place`)."""
+    @property
+    def active(self) -> npt.NDArray[np.bool_]:
+        """bool `[B]`, True when made: the requests still running (read by `start_in_place`)."""
 
 @final
 class AcceptanceStats:

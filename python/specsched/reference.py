@@ -1412,13 +1412,19 @@ class DynamicTreeBuilder:
         topk_tokens: Sequence[Sequence[int]],
         topk_logprobs: Sequence[Sequence[float]],
         prefix_lens: Sequence[int] | None = None,
+        active: Sequence[bool] | None = None,
     ) -> tuple[Any, Any, Any, Any]:
+        """`active`: the requests still running (None = all); the others are drafted alike
+        but build to their root alone and never keep the builder from settling."""
         k = self.topk
         for row in topk_logprobs:
             if any(math.isnan(x) or x > 0 for x in row):
                 raise ValueError("topk_logprobs: must be <= 0 and not NaN")
+        if active is not None and len(active) != self.batch:
+            raise ValueError("active: one flag per request")
         self.root = list(root_tokens)
         self.prefix = list(prefix_lens) if prefix_lens is not None else [0] * self.batch
+        self.active = [bool(a) for a in active] if active is not None else [True] * self.batch
         self.scores = [list(map(float, row)) for row in topk_logprobs]
         self.tokens = [list(row) for row in topk_tokens]
         self.parents = [[-1] * k for _ in range(self.batch)]
@@ -1453,14 +1459,16 @@ class DynamicTreeBuilder:
 
     @property
     def settled(self) -> bool:
-        """No further level can change `build`: every request has drafted `budget - 1`
-        frontier nodes (all levels) and its best current frontier node scores at most the
-        `(budget - 1)`-th best of them (later candidates descend from the frontier, score no
-        more, and lose ties by pool index; frontier nodes are candidates)."""
+        """No further level can change `build`: every running request has drafted
+        `budget - 1` frontier nodes (all levels) and its best current frontier node scores at
+        most the `(budget - 1)`-th best of them (later candidates descend from the frontier,
+        score no more, and lose ties by pool index; frontier nodes are candidates)."""
         if self.level == 0:
             return False
         need = self.budget - 1
         for b in range(self.batch):
+            if not self.active[b]:
+                continue
             fed = sorted(self.scores[b][g] for g in self.fed[b])
             if len(fed) < need:
                 return False
@@ -1470,11 +1478,17 @@ class DynamicTreeBuilder:
 
     def build(self, order: str = "pool") -> tuple[list[int], list[int], list[list[int]]]:
         """`(flat tree-local parents, flat tokens, pool_index [B][budget-1])`, each tree's
-        nodes by pool index or (`order="depth_first"`) in depth-first preorder."""
+        nodes by pool index or (`order="depth_first"`) in depth-first preorder; a request not
+        running is its root alone, its pool row all -1."""
         parents: list[int] = []
         tokens: list[int] = []
         pool: list[list[int]] = []
         for b in range(self.batch):
+            if not self.active[b]:
+                parents.append(-1)
+                tokens.append(self.root[b])
+                pool.append([-1] * (self.budget - 1))
+                continue
             p, t, idx = top_n_tree(
                 self.parents[b],
                 self.scores[b],

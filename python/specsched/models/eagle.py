@@ -189,7 +189,9 @@ class EagleDrafter(_HeadDrafter):
     should estimate acceptance. `scripts/train_tiny.py` fits the temperature that makes them
     predict the target's greedy token (`head_greedy_temperature` in the shipped config).
     Drafting stops before `depth` levels once the builder is `settled` (no deeper candidate
-    can enter any request's tree): the same trees, fewer head forwards.
+    can enter any request's tree): the same trees, fewer head forwards. A finished request
+    (`active[b] == False`) gets its root alone from the builder, and its drafts never keep
+    the others drafting.
     """
 
     def __init__(
@@ -223,10 +225,11 @@ class EagleDrafter(_HeadDrafter):
         clock = time.perf_counter
         dev = state.device
         root_out = state.feed_pending()
-        # The roots, their positions and the draft's top-k go straight into the builder's
-        # buffers (the root's top-k into slot 0): those writes are the drafter's cost; the
-        # builder's starts at t0.
+        # The roots, their positions, the running rows and the draft's top-k go straight into
+        # the builder's buffers (the root's top-k into slot 0): those writes are the drafter's
+        # cost; the builder's starts at t0.
         np.copyto(io.root_tokens, roots)
+        np.copyto(io.active, active)
         if dev.type == "cpu":
             torch.sub(state.lengths, 1, out=io.prefix_lens)
         else:
@@ -271,6 +274,7 @@ class _BuilderIO:
     def __init__(self, builder: DynamicTreeBuilder) -> None:
         buf = builder.buffers
         self.root_tokens = buf.root_tokens  # written from the loop's numpy roots
+        self.active = buf.active  # and its running rows
         self.prefix_lens = torch.from_numpy(buf.prefix_lens)
         self.topk_tokens = torch.from_numpy(buf.topk_tokens)
         self.topk_logprobs = torch.from_numpy(buf.topk_logprobs)

@@ -18,7 +18,7 @@ use specsched_core::topology::dynamic::StepOut;
 use crate::convert::zeros;
 
 /// Fields of the block.
-const FIELDS: usize = 9;
+const FIELDS: usize = 10;
 
 /// Byte layout of the block: the 8-byte fields first, so every field is aligned given the
 /// block's (numpy allocates at least 16-byte aligned).
@@ -32,11 +32,14 @@ pub struct Layout {
     pub mask_stride: usize,
 }
 
-/// One step's view of the block, shaped: inputs the caller wrote (`[B]` roots and prefix
-/// lengths, `[B, K, K]` top-k), outputs the builder writes.
+/// One step's view of the block, shaped: inputs the caller wrote (`[B]` roots, prefix
+/// lengths and running flags, `[B, K, K]` top-k), outputs the builder writes.
 pub struct Parts<'a> {
     pub root_tokens: ArrayView1<'a, i64>,
     pub prefix_lens: &'a [i64],
+    /// numpy bools as bytes (nonzero = running): read as `u8`, so a byte numpy did not write
+    /// through a bool view is a flag, not an invalid `bool`.
+    pub active: &'a [u8],
     pub topk_tokens: ArrayView3<'a, i64>,
     pub topk_logprobs: ArrayView3<'a, f32>,
     pub out: StepOut<'a, u8>,
@@ -84,7 +87,7 @@ impl Layout {
     }
 
     /// Each field, in block order: root_tokens, prefix_lens, topk_tokens, tokens,
-    /// parent_index, positions, pool_index, topk_logprobs, attention_mask. No allocation:
+    /// parent_index, positions, pool_index, topk_logprobs, attention_mask, active. No allocation:
     /// every step splits the block by it, right after a model forward, where each `malloc`
     /// costs. The builder bounds `batch · topk · depth · topk`, and with it `batch · budget`
     /// (a budget past the pool is refused), so no product here overflows.
@@ -101,6 +104,7 @@ impl Layout {
             int64(&[b, self.budget - 1]),
             Field::new("float32", 4, &[b, k, k]),
             Field::new("bool", 1, &[b, k, w]),
+            Field::new("bool", 1, &[b]),
         ]
     }
 
@@ -120,9 +124,10 @@ impl Layout {
         if block.len() != self.bytes() {
             return Err(internal("length"));
         }
-        let [root, pre, tt, tok, par, pos, idx, lp, _] = self.field_bytes();
+        let [root, pre, tt, tok, par, pos, idx, lp, mask, _] = self.field_bytes();
         let (ints, rest) = block.split_at_mut(root + pre + tt + tok + par + pos + idx);
-        let (lp, mask) = rest.split_at_mut(lp);
+        let (lp, rest) = rest.split_at_mut(lp);
+        let (mask, active) = rest.split_at_mut(mask);
         let ints: &mut [i64] = bytemuck::try_cast_slice_mut(ints).map_err(|_| internal("int64"))?;
         let lp: &[f32] = bytemuck::try_cast_slice(lp).map_err(|_| internal("float32"))?;
         let (root_tokens, ints) = ints.split_at_mut(root / 8);
@@ -136,6 +141,7 @@ impl Layout {
         Ok(Parts {
             root_tokens: ArrayView1::from(&*root_tokens),
             prefix_lens: &*prefix_lens,
+            active: &*active,
             topk_tokens: ArrayView3::from_shape(topk, &*topk_tokens).map_err(shape)?,
             topk_logprobs: ArrayView3::from_shape(topk, lp).map_err(shape)?,
             out: StepOut {
@@ -169,6 +175,7 @@ pub struct PyDraftBuffers {
     positions: Py<PyAny>,
     pool_index: Py<PyAny>,
     attention_mask: Py<PyAny>,
+    active: Py<PyAny>,
 }
 
 impl PyDraftBuffers {
@@ -190,8 +197,10 @@ impl PyDraftBuffers {
         let views: [Py<PyAny>; FIELDS] = views
             .try_into()
             .map_err(|_| PyValueError::new_err("buffers: internal layout error"))?;
-        let [root_tokens, prefix_lens, topk_tokens, tokens, parent_index, positions, pool_index, topk_logprobs, attention_mask] =
+        let [root_tokens, prefix_lens, topk_tokens, tokens, parent_index, positions, pool_index, topk_logprobs, attention_mask, active] =
             views;
+        // Every request runs until the caller says otherwise.
+        active.bind(py).call_method1("fill", (true,))?;
         Ok(PyDraftBuffers {
             block: block.unbind(),
             layout,
@@ -204,6 +213,7 @@ impl PyDraftBuffers {
             positions,
             pool_index,
             attention_mask,
+            active,
         })
     }
 }
@@ -257,6 +267,13 @@ impl PyDraftBuffers {
     #[getter]
     fn attention_mask(&self, py: Python<'_>) -> Py<PyAny> {
         self.attention_mask.clone_ref(py)
+    }
+    /// bool `[B]`, True when made: the requests still running, read by `start_in_place`. A
+    /// request that is not builds to its root alone (pool row -1) and does not keep the
+    /// builder from settling.
+    #[getter]
+    fn active(&self, py: Python<'_>) -> Py<PyAny> {
+        self.active.clone_ref(py)
     }
 
     fn __repr__(&self) -> String {

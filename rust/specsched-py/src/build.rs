@@ -12,7 +12,7 @@ use specsched_core::topology::dynamic::{DynamicTreeBuilder, NodeOrder, Step};
 use specsched_core::topology::{self, sequoia};
 
 use crate::buffers::{Layout, Parts, PyDraftBuffers};
-use crate::convert::{owned, scalar_int, type_name, IntoPyResult};
+use crate::convert::{bool_vec, owned, scalar_int, type_name, IntoPyResult};
 use crate::ndconv::{f64_vec, fixed, float_array, i64_array, with_float_view};
 use crate::tree::{PyTree, PyTreeBatch};
 
@@ -149,6 +149,8 @@ pub struct PyDynamicTreeBuilder {
     inner: DynamicTreeBuilder,
     /// Made on the first read of `buffers`.
     buffers: Option<Py<PyDraftBuffers>>,
+    /// `buffers.active` as bools, for `start_in_place` (no allocation per call).
+    active: Vec<bool>,
 }
 
 type StepArrays<'py> = (
@@ -238,15 +240,17 @@ impl PyDynamicTreeBuilder {
             usize::try_from(x)
                 .map_err(|_| PyValueError::new_err(format!("{arg}: must be >= 1, got {x}")))
         };
+        let batch = nonneg(batch, "batch")?;
         Ok(PyDynamicTreeBuilder {
             inner: DynamicTreeBuilder::new(
-                nonneg(batch, "batch")?,
+                batch,
                 nonneg(topk, "topk")?,
                 nonneg(depth, "depth")?,
                 nonneg(budget, "budget")?,
             )
             .py()?,
             buffers: None,
+            active: Vec::with_capacity(batch),
         })
     }
 
@@ -280,7 +284,9 @@ impl PyDynamicTreeBuilder {
     }
 
     /// Starts a tree per request; returns `(tokens, parent_index, attention_mask, positions)`.
-    #[pyo3(signature = (root_tokens, topk_tokens, topk_logprobs, prefix_lens=None))]
+    /// `active` (bool `[B]`, None = all): the requests still running; the others build to
+    /// their root alone.
+    #[pyo3(signature = (root_tokens, topk_tokens, topk_logprobs, prefix_lens=None, active=None))]
     fn start<'py>(
         &mut self,
         py: Python<'py>,
@@ -288,12 +294,14 @@ impl PyDynamicTreeBuilder {
         topk_tokens: &Bound<'py, PyAny>,
         topk_logprobs: &Bound<'py, PyAny>,
         prefix_lens: Option<&Bound<'py, PyAny>>,
+        active: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<StepArrays<'py>> {
         let (b, k) = (self.inner.batch(), self.inner.topk());
         let r = i64_array(root_tokens, "root_tokens", 1)?;
         let t = i64_array(topk_tokens, "topk_tokens", 2)?;
         let lp = float_array(topk_logprobs, "topk_logprobs", 2)?;
         let prefix = prefix_arg(prefix_lens, b)?;
+        let active = active.map(|a| bool_vec(a, "active")).transpose()?;
         let (rv, tv) = (
             fixed(r.view(), "root_tokens")?,
             fixed(t.view(), "topk_tokens")?,
@@ -301,7 +309,7 @@ impl PyDynamicTreeBuilder {
         let inner = &mut self.inner;
         let step = with_float_view!(lp, lv => {
             let lv = fixed(lv, "topk_logprobs")?;
-            py.detach(|| inner.start(rv, tv, lv, &prefix))
+            py.detach(|| inner.start(rv, tv, lv, &prefix, active.as_deref()))
         })
         .py()?;
         step_arrays(py, b, k, step)
@@ -345,12 +353,17 @@ impl PyDynamicTreeBuilder {
     /// (`root_tokens`, `prefix_lens`, `topk_tokens[:, 0]`, `topk_logprobs[:, 0]`) and writing
     /// the step into `buffers`; returns `settled` (no extra call for a loop that stops on it).
     fn start_in_place(&mut self, py: Python<'_>) -> PyResult<bool> {
-        self.step_in_place(py, "start_in_place", |inner, p| {
+        let mut active = std::mem::take(&mut self.active);
+        let settled = self.step_in_place(py, "start_in_place", |inner, p| {
+            active.clear();
+            active.extend(p.active.iter().map(|&a| a != 0));
             let (tt, lp) = (p.topk_tokens.slice_move(s![.., 0, ..]), p.topk_logprobs);
             let lp = lp.slice_move(s![.., 0, ..]);
-            inner.start_into(p.root_tokens, tt, lp, p.prefix_lens, p.out)?;
+            inner.start_into(p.root_tokens, tt, lp, p.prefix_lens, Some(&active), p.out)?;
             Ok(inner.settled())
-        })
+        });
+        self.active = active;
+        settled
     }
 
     /// `expand` reading `[B, K, K]` from `buffers.topk_tokens` / `buffers.topk_logprobs` and

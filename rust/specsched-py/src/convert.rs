@@ -5,7 +5,7 @@ use ndarray::{ArrayView, Dimension};
 use numpy::npyffi::flags::{NPY_ARRAY_ALIGNED, NPY_ARRAY_WRITEABLE};
 use numpy::npyffi::{npy_intp, PY_ARRAY_API};
 use numpy::{
-    Element, PyArray, PyArrayDescrMethods, PyArrayDyn, PyArrayMethods, PyReadonlyArray1,
+    Element, PyArray, PyArray1, PyArrayDescrMethods, PyArrayDyn, PyArrayMethods, PyReadonlyArray1,
     PyReadwriteArrayDyn, PyUntypedArray, PyUntypedArrayMethods,
 };
 use pyo3::exceptions::{PyIndexError, PyTypeError, PyValueError};
@@ -134,6 +134,29 @@ fn readonly<'py, T: Element>(
     typed
         .try_readonly()
         .map_err(|e| PyValueError::new_err(format!("{arg}: cannot be read: {e}")))
+}
+
+/// A 1-D bool array of any strides, read in place.
+pub fn bool_array1<'py>(
+    obj: &Bound<'py, PyAny>,
+    arg: &str,
+) -> PyResult<PyReadonlyArray1<'py, bool>> {
+    let a = as_ndarray(obj, arg)?;
+    check_ndim(&a, arg, 1)?;
+    let typed = a.cast::<PyArray1<bool>>().map_err(|_| {
+        PyTypeError::new_err(format!(
+            "{arg}: expected a bool array, got {}",
+            dtype_str(&a)
+        ))
+    })?;
+    typed
+        .try_readonly()
+        .map_err(|e| PyValueError::new_err(format!("{arg}: cannot be read: {e}")))
+}
+
+/// A 1-D bool array's values.
+pub fn bool_vec(obj: &Bound<'_, PyAny>, arg: &str) -> PyResult<Vec<bool>> {
+    Ok(bool_array1(obj, arg)?.as_array().to_vec())
 }
 
 /// Extracts a 1-D int32/int64 (and uint32 when `allow_u32`) array of any strides.

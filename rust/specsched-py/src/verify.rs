@@ -17,8 +17,8 @@ use specsched_core::IndexLike;
 use specsched_core::{Tree, TreeBatch};
 
 use crate::convert::{
-    as_ndarray, check_ndim, int_array1, owned, readonly_view, type_name, with_int_view,
-    IntoPyResult,
+    as_ndarray, bool_array1, check_ndim, int_array1, owned, readonly_view, type_name,
+    with_int_view, IntoPyResult,
 };
 use crate::tree::{PyTree, PyTreeBatch};
 
@@ -228,21 +228,7 @@ pub fn verify_target_tokens(
     let arr = int_array1(target_tokens, "target_tokens", true)?;
     let invalid = match nan_rows {
         None => None,
-        Some(obj) => {
-            let a = as_ndarray(obj, "nan_rows")?;
-            check_ndim(&a, "nan_rows", 1)?;
-            let typed = a.cast::<PyArray1<bool>>().map_err(|_| {
-                PyTypeError::new_err(format!(
-                    "nan_rows: expected a bool array, got {}",
-                    a.dtype()
-                ))
-            })?;
-            Some(
-                typed
-                    .try_readonly()
-                    .map_err(|e| PyValueError::new_err(format!("nan_rows: {e}")))?,
-            )
-        }
+        Some(obj) => Some(bool_array1(obj, "nan_rows")?),
     };
     let invalid_view = invalid.as_ref().map(|a| a.as_array());
     with_int_view!(arr, v => {

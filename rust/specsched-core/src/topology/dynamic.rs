@@ -20,6 +20,11 @@
 //! scores no better than the `(budget-1)`-th best frontier node drafted (frontier nodes are
 //! candidates): a selection over the `K · level` frontier nodes, once they can fill the tree.
 //!
+//! A request that is no longer running (`active[r] == false` at `start`: it finished, but
+//! the draft forward still runs over the whole batch) is drafted like the others, builds to
+//! its root alone and never keeps the builder from settling, so a decode loop neither cuts
+//! its tree afterwards nor drafts extra levels for it.
+//!
 //! `start` / `expand` return fresh [`Step`]s; `start_into` / `expand_into` write the same
 //! values into the caller's buffers ([`StepOut`]), so a decode loop can keep one set of
 //! buffers (shared with its tensors) for the whole batch and allocate nothing per level.
@@ -102,6 +107,9 @@ pub struct DynamicTreeBuilder {
     level: usize,
     root_tokens: Vec<i64>,
     prefix: Vec<i64>,
+    /// Requests running since `start`: the others build to their root alone and do not
+    /// hold `settled` back.
+    active: Vec<bool>,
     /// `[B, pool]` cumulative log score, token and parent pool index (-1 = root).
     scores: Vec<f64>,
     tokens: Vec<i64>,
@@ -225,6 +233,7 @@ impl DynamicTreeBuilder {
             level: 0,
             root_tokens: filled(batch, 0)?,
             prefix: filled(batch, 0)?,
+            active: filled(batch, true)?,
             scores: filled(batch * pool, 0.0)?,
             tokens: filled(batch * pool, 0)?,
             parents: filled(batch * pool, -1)?,
@@ -254,7 +263,7 @@ impl DynamicTreeBuilder {
         self.level
     }
     /// Whether drafting further levels can no longer change what [`Self::build`] returns:
-    /// every request has drafted at least `budget - 1` frontier nodes (over all levels) and
+    /// every running request has drafted at least `budget - 1` frontier nodes (over all levels) and
     /// its best current frontier node scores no better than the `(budget - 1)`-th best of
     /// them. Every later candidate descends from a current frontier node and scores at most
     /// what it does (log probabilities are `<= 0`), and on a tie ranks after the candidates
@@ -270,17 +279,18 @@ impl DynamicTreeBuilder {
 
     /// [`Self::settled`] from the frontiers drafted so far. Frontier nodes number `K` a
     /// level, so the test runs only once they can fill the tree, and stops at the first
-    /// request that is not settled.
+    /// running request that is not settled (a request that is not running builds its root
+    /// alone whatever is drafted).
     fn frontier_settled(&mut self) -> bool {
         let (k, need) = (self.topk, self.budget - 1);
-        if need == 0 {
-            return true; // the tree is the root alone
+        if need == 0 || !self.active.contains(&true) {
+            return true; // every tree is the root alone
         }
         if k * self.level < need {
             return false;
         }
         let mut keys = std::mem::take(&mut self.bound_keys);
-        let settled = (0..self.batch).all(|r| {
+        let settled = (0..self.batch).filter(|&r| self.active[r]).all(|r| {
             let bound = self.frontier_bound(r, &mut keys);
             let current = &self.frontier[((self.level - 1) * self.batch + r) * k..][..k];
             let scores = &self.scores[r * self.pool..];
@@ -329,13 +339,15 @@ impl DynamicTreeBuilder {
         Ok(())
     }
 
-    /// Starts a new tree per request (resets any previous state).
+    /// Starts a new tree per request (resets any previous state). `active` (`[B]`, None = all)
+    /// marks the requests still running; the others build to their root alone.
     pub fn start<R: IndexLike, T: IndexLike, S: ScoreLike>(
         &mut self,
         root_tokens: ArrayView1<'_, R>,
         topk_tokens: ArrayView2<'_, T>,
         topk_logprobs: ArrayView2<'_, S>,
         prefix_lens: &[i64],
+        active: Option<&[bool]>,
     ) -> Result<Step> {
         let mut step = Step::zeroed(self.batch, self.topk, self.topk);
         self.start_into(
@@ -343,6 +355,7 @@ impl DynamicTreeBuilder {
             topk_tokens,
             topk_logprobs,
             prefix_lens,
+            active,
             step.out(),
         )?;
         Ok(step)
@@ -355,6 +368,7 @@ impl DynamicTreeBuilder {
         topk_tokens: ArrayView2<'_, T>,
         topk_logprobs: ArrayView2<'_, S>,
         prefix_lens: &[i64],
+        active: Option<&[bool]>,
         out: StepOut<'_, M>,
     ) -> Result<()> {
         let (b, k) = (self.batch, self.topk);
@@ -389,6 +403,12 @@ impl DynamicTreeBuilder {
                 ));
             }
         }
+        if let Some(a) = active.filter(|a| a.len() != b) {
+            return Err(Error::value(
+                "active",
+                format!("expected {b} entries, got {}", a.len()),
+            ));
+        }
         for r in 0..b {
             for c in 0..k {
                 let lp = topk_logprobs[(r, c)].to_f64();
@@ -396,6 +416,10 @@ impl DynamicTreeBuilder {
             }
         }
         self.check_out(&out, 1)?;
+        match active {
+            Some(a) => self.active.copy_from_slice(a),
+            None => self.active.fill(true),
+        }
         for r in 0..b {
             self.root_tokens[r] = root_tokens[r].to_i64();
             self.prefix[r] = prefix_lens[r];
@@ -597,7 +621,8 @@ impl DynamicTreeBuilder {
 
     /// Reranks every drafted candidate: per request the best `budget - 1` by cumulative score
     /// (then shallower, then pool index) as a tree in pool order. Returns the batch and the
-    /// pool index of every draft node (`[B, budget - 1]`).
+    /// pool index of every draft node (`[B, budget - 1]`). A request that is not running
+    /// (`active` at `start`) gets its root alone and a row of -1.
     pub fn build(&self) -> Result<(TreeBatch, Vec<i64>)> {
         self.build_in(NodeOrder::Pool)
     }
@@ -629,7 +654,7 @@ impl DynamicTreeBuilder {
         }
         let m = self.pool_len();
         let n = self.budget;
-        if n - 1 > m {
+        if n - 1 > m && self.active.contains(&true) {
             return Err(Error::value(
                 "budget",
                 format!(
@@ -641,6 +666,8 @@ impl DynamicTreeBuilder {
         let b = self.batch;
         let mut parents = Vec::with_capacity(b * n);
         let mut tokens = Vec::with_capacity(b * n);
+        let mut offsets = Vec::with_capacity(b + 1);
+        offsets.push(0i64);
         let (mut keys, mut scratch) = (Vec::with_capacity(m), Vec::with_capacity(m));
         let mut chosen = Vec::with_capacity(n - 1);
         let mut node_of = vec![0i32; m];
@@ -659,6 +686,14 @@ impl DynamicTreeBuilder {
         let prune = n > 1 && frontier_len >= n - 1 && m >= 4 * frontier_len;
         let mut survivors: Vec<u32> = Vec::with_capacity(if prune { m } else { 0 });
         for r in 0..b {
+            let row_index = &mut pool_index[r * (n - 1)..(r + 1) * (n - 1)];
+            if !self.active[r] {
+                parents.push(-1);
+                tokens.push(self.root_tokens[r]);
+                offsets.push(parents.len() as i64);
+                row_index.fill(-1);
+                continue;
+            }
             let base = r * self.pool;
             let scores = &self.scores[base..base + m];
             keys.clear();
@@ -695,7 +730,6 @@ impl DynamicTreeBuilder {
                 tree_tokens.push(self.tokens[base + g]);
                 tree_index.push(g as i64);
             }
-            let row_index = &mut pool_index[r * (n - 1)..(r + 1) * (n - 1)];
             match order {
                 NodeOrder::Pool => {
                     parents.extend_from_slice(&tree_parents);
@@ -719,8 +753,8 @@ impl DynamicTreeBuilder {
                     }
                 }
             }
+            offsets.push(parents.len() as i64);
         }
-        let offsets: Vec<i64> = (0..=b as i64).map(|i| i * n as i64).collect();
         TreeBatch::from_views(
             ArrayView1::from(&parents),
             ArrayView1::from(&tokens),
@@ -741,7 +775,7 @@ mod tests {
         let tok = Array2::from_shape_vec((1, 2), vec![10i64, 11]).unwrap();
         let lp = Array2::from_shape_vec((1, 2), vec![-0.1f64, -1.0]).unwrap();
         let s = d
-            .start(ArrayView1::from(&roots), tok.view(), lp.view(), &[5])
+            .start(ArrayView1::from(&roots), tok.view(), lp.view(), &[5], None)
             .unwrap();
         assert_eq!(s.tokens, [10, 11]);
         assert_eq!(s.positions, [6, 6]);
@@ -845,8 +879,10 @@ mod tests {
             let t0 = Array2::from_shape_fn((b, k), |(r, c)| tree * 1000 + (r * 10 + c) as i64);
             let l0 = Array2::from_shape_vec((b, k), draw(b * k)).unwrap();
             let roots = ArrayView1::from(&roots);
-            let s = fresh.start(roots, t0.view(), l0.view(), &prefix).unwrap();
-            kept.start_into(roots, t0.view(), l0.view(), &prefix, buf.out())
+            let s = fresh
+                .start(roots, t0.view(), l0.view(), &prefix, None)
+                .unwrap();
+            kept.start_into(roots, t0.view(), l0.view(), &prefix, None, buf.out())
                 .unwrap();
             buf.assert_holds(&s);
             for level in 1..levels {
@@ -866,7 +902,7 @@ mod tests {
         let roots = ArrayView1::from(&[0i64; 3]);
         let t0 = Array2::<i64>::zeros((b, k));
         let l0 = Array2::<f64>::zeros((b, k));
-        kept.start_into(roots, t0.view(), l0.view(), &[0; 3], narrow.out())
+        kept.start_into(roots, t0.view(), l0.view(), &[0; 3], None, narrow.out())
             .unwrap();
         let t = Array3::<i64>::zeros((b, k, k));
         let l = Array3::<f64>::zeros((b, k, k));
@@ -934,8 +970,14 @@ mod tests {
         let drafted = |budget: usize, levels: usize| {
             let mut d = DynamicTreeBuilder::new(b, k, depth, budget).unwrap();
             assert!(!d.settled(), "not before start");
-            d.start(ArrayView1::from(&roots), t0.view(), l0.view(), &[0; 3])
-                .unwrap();
+            d.start(
+                ArrayView1::from(&roots),
+                t0.view(),
+                l0.view(),
+                &[0; 3],
+                None,
+            )
+            .unwrap();
             let mut settled = vec![d.settled()];
             assert_eq!(d.settled(), naive(&d));
             for (t, l) in &steps[..levels - 1] {
@@ -972,6 +1014,91 @@ mod tests {
         assert!(seen > 0, "the draws never settled: the test checks nothing");
     }
 
+    /// A request that is not running builds its root alone (pool row -1) and does not keep
+    /// the builder drafting; the running requests' trees are what an all-running builder
+    /// builds for them, and the next `start` runs every request again by default.
+    #[test]
+    fn a_request_not_running_builds_its_root_alone() {
+        let (b, k, depth, budget) = (3, 2, 6, 6);
+        let roots = [1i64, 2, 3];
+        let t0 = Array2::from_shape_fn((b, k), |(r, c)| (r * 10 + c) as i64);
+        // Request 1 drafts a chain of near-certain tokens, which stays unsettled until it holds
+        // budget - 1 nodes (level 5); the others' steep drops settle at level 3.
+        let l0 = Array2::from_shape_fn((b, k), |(r, c)| match (r, c) {
+            (1, 0) => -0.01,
+            (1, _) => -10.0,
+            _ => -(c as f64),
+        });
+        let t = Array3::from_shape_fn((b, k, k), |(r, j, c)| (100 + r * 10 + j * k + c) as i64);
+        let l = Array3::from_shape_fn((b, k, k), |(r, _, c)| match (r, c) {
+            (1, 0) => -0.001,
+            (1, _) => -5.0,
+            _ => -5.0 - c as f64,
+        });
+        let run = |active: Option<&[bool]>| {
+            let mut d = DynamicTreeBuilder::new(b, k, depth, budget).unwrap();
+            d.start(
+                ArrayView1::from(&roots),
+                t0.view(),
+                l0.view(),
+                &[0; 3],
+                active,
+            )
+            .unwrap();
+            let mut levels = 1;
+            while !d.settled() && d.level() < depth {
+                d.expand(t.view(), l.view()).unwrap();
+                levels += 1;
+            }
+            (d, levels)
+        };
+        let (all, all_levels) = run(None);
+        let (some, some_levels) = run(Some(&[true, false, true]));
+        assert_eq!((some_levels, all_levels), (3, 5));
+        for order in [NodeOrder::Pool, NodeOrder::DepthFirst] {
+            let (tb, idx) = some.build_in(order).unwrap();
+            let (want, want_idx) = all.build_in(order).unwrap();
+            assert_eq!(tb.offsets(), &[0, 6, 7, 13]);
+            assert_eq!((tb.parents()[6], tb.tokens()[6]), (-1, 2));
+            for r in [0, 2] {
+                assert_eq!(tb.to_tree(r), want.to_tree(r));
+                assert_eq!(idx[r * 5..][..5], want_idx[r * 5..][..5]);
+            }
+            assert_eq!(idx[5..10], [-1; 5]);
+        }
+        // Too few candidates for a running request's tree is refused; none running is not.
+        let mut d = DynamicTreeBuilder::new(b, k, depth, budget).unwrap();
+        d.start(
+            ArrayView1::from(&roots),
+            t0.view(),
+            l0.view(),
+            &[0; 3],
+            Some(&[false; 3]),
+        )
+        .unwrap();
+        assert!(d.settled());
+        assert_eq!(d.build().unwrap().0.offsets(), &[0, 1, 2, 3]);
+        let e = d
+            .start(
+                ArrayView1::from(&roots),
+                t0.view(),
+                l0.view(),
+                &[0; 3],
+                Some(&[true]),
+            )
+            .unwrap_err();
+        assert!(e.to_string().contains("active"), "{e}");
+        d.start(
+            ArrayView1::from(&roots),
+            t0.view(),
+            l0.view(),
+            &[0; 3],
+            None,
+        )
+        .unwrap();
+        assert!(d.build().unwrap_err().to_string().contains("budget"));
+    }
+
     #[test]
     fn refuses_a_mask_too_large_before_allocating() {
         let e = DynamicTreeBuilder::new(1, 1 << 20, 1, 2).unwrap_err();
@@ -987,7 +1114,7 @@ mod tests {
         let tok = Array2::from_shape_vec((1, 2), vec![1i64, 2]).unwrap();
         let lp = Array2::from_shape_vec((1, 2), vec![0.5f64, -1.0]).unwrap();
         let e = d
-            .start(ArrayView1::from(&[0i64]), tok.view(), lp.view(), &[0])
+            .start(ArrayView1::from(&[0i64]), tok.view(), lp.view(), &[0], None)
             .unwrap_err();
         assert!(e.to_string().contains("[0, 0]"), "{e}");
     }
