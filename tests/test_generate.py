@@ -345,7 +345,7 @@ def test_shipped_model_greedy_is_autoregressive(shipped: tuple[Any, Any], batch:
     for name, drafter in drafters(target, head).items():
         spec = generate(TinyTarget(target), drafter, prompts, 48)
         assert spec.tokens == ar.tokens, name
-        assert spec.layout_s > 0, name  # the target's pad_trees, counted as specsched's
+        assert spec.layout_s > 0, name  # the target's tree layout, counted as specsched's
         if name.startswith("eagle"):
             assert spec.mean_accepted > 0.5, name  # the trained head really drafts
 

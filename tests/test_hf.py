@@ -141,7 +141,7 @@ def test_greedy_speculative_equals_autoregressive_equals_hf(model: Any, batch: i
     spec = generate(spec_target, OracleDrafter(ar.tokens, seed=batch, vocab=VOCAB), prompts, NEW)
     assert spec.tokens == ar.tokens
     assert spec.mean_accepted > 0.5  # deep, non-contiguous paths were accepted and compacted
-    assert spec.layout_s > 0  # the target's pad_trees, counted as specsched's
+    assert spec.layout_s > 0  # the target's tree layout, counted as specsched's
     assert_same_committed_kv(spec_target, ar_target, prompts, ar.tokens)
 
     for drafter in (SuffixTreeDrafter(16), NgramChainDrafter(5)):

@@ -73,8 +73,8 @@ class TargetModel(Protocol):
     # root-only trees (the batch keeps its shape) and ignores their outputs, so the target
     # may stop advancing them (their positions then stay within the request's own range).
     # Optional: `layout_seconds` (float, cumulative), the time `forward_tree` spent in
-    # specsched's tree layouts (`pad_trees`): reported as specsched's (`layout_s`), not the
-    # target's.
+    # specsched's tree layouts (`TreeBatch.padded_layout`, `pad_trees`): reported as
+    # specsched's (`layout_s`), not the target's.
 
 
 class Drafter(Protocol):

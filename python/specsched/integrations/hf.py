@@ -38,7 +38,7 @@ import torch
 from specsched._core import BatchVerifyResult, TreeBatch
 from specsched._kv import compact_kv
 from specsched._torch import host_view, synchronizer
-from specsched.generate import RetiredRows, TargetStep, pad_trees
+from specsched.generate import RetiredRows, TargetStep
 
 
 def _cache_classes() -> tuple[Any, Any]:
@@ -137,7 +137,7 @@ class HFTarget:
         self.lengths = np.zeros(0, dtype=np.int64)
         self.retired = RetiredRows()
         self.synchronize = synchronizer(self.device)
-        self.layout_seconds = 0.0  # in `pad_trees`: specsched's time (`generate`'s layout_s)
+        self.layout_seconds = 0.0  # in its tree layouts: specsched's time (`generate`'s layout_s)
         self._pending: int | None = None  # S of the forward_tree awaiting accept
 
     @property
@@ -232,20 +232,19 @@ class HFTarget:
         b, n = trees.num_trees, trees.max_nodes
         if b != self.batch_size:
             raise ValueError(f"trees: {b} trees for a batch of {self.batch_size} rows")
+        # `pad_trees`' layout, unnamed: the one specsched call, with no wrapper around it.
         t0 = time.perf_counter()
-        padded = pad_trees(trees, self.lengths)
+        tokens, positions, tree_mask, slot_rows, slot_cols = trees.padded_layout(self.lengths)
         self.layout_seconds += time.perf_counter() - t0
         s = int(self.cache.get_seq_length())
         allowed = torch.cat(
-            (self.valid.cpu()[:, None, :].expand(b, n, s), torch.from_numpy(padded.tree_mask)),
+            (self.valid.cpu()[:, None, :].expand(b, n, s), torch.from_numpy(tree_mask)),
             dim=2,
         )  # [B, n, S + n]
-        out = self._run(
-            torch.from_numpy(padded.tokens), torch.from_numpy(padded.positions), allowed
-        )
+        out = self._run(torch.from_numpy(tokens), torch.from_numpy(positions), allowed)
         self._pending = s
-        rows = torch.as_tensor(padded.rows, device=out.logits.device)
-        cols = torch.as_tensor(padded.cols, device=out.logits.device)
+        rows = torch.as_tensor(slot_rows, device=out.logits.device)
+        cols = torch.as_tensor(slot_cols, device=out.logits.device)
         features = self._features(out)
         return TargetStep(
             host_view(out.logits[rows, cols]), None if features is None else features[rows, cols]
