@@ -278,7 +278,11 @@ impl RequestTree {
         Self {
             parent: vec![0; n],
             placed: vec![0; pool + 2],
-            slot_of: (0..pool).map(|g| (g / topk) as u32).collect(),
+            // Runs of `topk` (no division per candidate).
+            slot_of: (0..pool.div_ceil(topk))
+                .flat_map(|slot| std::iter::repeat_n(slot as u32, topk))
+                .take(pool)
+                .collect(),
             sel_buf: vec![0; n - 1],
             pl_buf: vec![0; width],
         }
@@ -314,9 +318,10 @@ impl RequestTree {
         } = self;
         // Slices, not the vectors: a vector's pointer and length are reloaded after every
         // store through another pointer, which the compiler cannot prove is not into them.
-        let (placed, slot_of) = (&mut placed[..], &slot_of[..]);
-        let tag = b as u32 + 1;
         let pool = slot_of.len();
+        // Exact lengths, so the lookups below need no bounds checks.
+        let (placed, slot_of) = (&mut placed[..pool + 2], &slot_of[..pool]);
+        let tag = b as u32 + 1;
         let (root, not_placed) = (pool, pool + 1);
         placed[root] = stamp(tag, 0);
         let n = sel.len() + 1;
@@ -334,14 +339,16 @@ impl RequestTree {
             &mut anc[..n],
             &mut parent[..n],
         );
+        // Every node but the last gets its next sibling in the loop.
         next_token.fill(-1);
-        next_sibling.fill(-1);
+        next_sibling[n - 1] = -1;
         positions[0] = root_pos;
         anc[0] = 1;
         let (mut prev, mut prev_slot, mut repeated) = (-1i64, u32::MAX, false);
         for i in 1..n {
             let g = sel[i - 1];
-            if g <= prev || g >= pool as i64 {
+            // Unsigned: a negative g fails the range test too, and `slot_of[g]` needs no check.
+            if g <= prev || g as u64 >= pool as u64 {
                 return Err(bad_candidate(b, i, g, prev, pool));
             }
             prev = g;
@@ -359,7 +366,9 @@ impl RequestTree {
             };
             // Candidates are stamped as they are placed, so a parent that is selected before
             // node i is found in O(1); anything else is not a tree.
-            let Some(p) = stamped(placed[at], tag) else {
+            // Only nodes before i carry this request's tag (`p < i` tells the compiler so: no
+            // bounds checks on the parent's rows below).
+            let Some(p) = stamped(placed[at], tag).filter(|&p| p < i) else {
                 return Err(not_a_tree(b, i, g, pl[slot as usize]));
             };
             positions[i] = positions[p] + 1;
@@ -1050,11 +1059,12 @@ mod tests {
     ) -> Result<Built> {
         let n = sel.ncols() + 1;
         let bs = seq.len();
-        let mut mask = vec![false; bs * n * n];
-        let mut positions = vec![0; bs * n];
-        let mut ri = vec![0; bs * n];
-        let mut nt = vec![0; bs * n];
-        let mut ns = vec![0; bs * n];
+        // Junk in every output, as in a reused buffer: the build must write each entry.
+        let mut mask = vec![true; bs * n * n];
+        let mut positions = vec![7; bs * n];
+        let mut ri = vec![7; bs * n];
+        let mut nt = vec![7; bs * n];
+        let mut ns = vec![7; bs * n];
         build_tree(
             parent_list.view(),
             sel.view(),
