@@ -155,6 +155,13 @@ def test_batch_plan_matches_reference(batch, rnd, prefix, per_request, opts):
     for p in (pl, as_array(pl, *opts)):
         req, src, dst = ss.kv_compaction_plan(rb, p)
         assert (req.tolist(), src.tolist(), dst.tolist()) == want
+    # Requests that do not commit (finished, padding) move nothing.
+    active = [rnd.random() < 0.5 for _ in range(b)]
+    req, src, dst = ss.kv_compaction_plan(rb, pl, np.array(active))
+    assert (req.tolist(), src.tolist(), dst.tolist()) == ref.batch_kv_compaction_plan(
+        acc, pl, active
+    )
+    assert set(req.tolist()) <= {i for i in range(b) if active[i]}
 
 
 def test_plan_hand_case_and_errors():
@@ -311,6 +318,7 @@ def batch_caches(draw):
 def test_batch_compact_kv_matches_reference(
     batch, rnd, cache, per_request, use_int, dtype, kind, seed
 ):
+    """Every layout and dtype, with every request committing or (`active`) some not."""
     rb = verified_batch(batch, rnd)
     offsets = batch[2]
     b = len(offsets) - 1
@@ -324,21 +332,29 @@ def test_batch_compact_kv_matches_reference(
     vals = values(shape, dtype, rng)
     view, base = in_layout(vals, kind, rng)
     expected = vals.copy()
-    plan = ref.batch_kv_compaction_plan(rb.accepted_nodes.tolist(), prefixes)
+    active = None if rnd.random() < 0.5 else [rnd.random() < 0.6 for _ in range(b)]
+    plan = ref.batch_kv_compaction_plan(rb.accepted_nodes.tolist(), prefixes, active)
     ref.compact_kv(expected, plan, seq_dim, bax)
 
-    if batch_dim is None:
-        committed = ss.compact_kv(view, rb, prefix_arg, seq_dim)
-    else:
-        committed = ss.compact_kv(view, rb, prefix_arg, seq_dim, batch_dim=batch_dim)
+    options = {} if batch_dim is None else {"batch_dim": batch_dim}
+    if active is not None:
+        options["active"] = np.array(active)
+    committed = ss.compact_kv(view, rb, prefix_arg, seq_dim, **options)
+    commits = [True] * b if active is None else active
     assert committed.dtype == np.int64
-    assert committed.tolist() == [p + k + 1 for p, k in zip(prefixes, rb.num_accepted, strict=True)]
+    assert committed.tolist() == [
+        p + (k + 1 if c else 0)
+        for p, k, c in zip(prefixes, rb.num_accepted.tolist(), commits, strict=True)
+    ]
     assert view.tobytes() == expected.tobytes()
     assert np.shares_memory(view, base)
-    # per request: its own semantics, on its own batch row
+    # per request: its own semantics, on its own batch row; one that does not commit is left
     for i in range(b):
         row_old = np.take(vals, i, axis=bax)
         row_new = np.take(view, i, axis=bax)
+        if not commits[i]:
+            assert row_new.tobytes() == row_old.tobytes()
+            continue
         s = sax - (sax > bax)
         k = int(rb.num_accepted[i])
         check_moved(row_old, row_new, s, rb.accepted_nodes[i, : k + 1].tolist(), prefixes[i])
@@ -495,6 +511,12 @@ def test_compact_kv_bad_input():
     unchanged_after(ValueError, "prefix_lens", bcache, rb, [0, -1], 1)
     unchanged_after(ValueError, "prefix_lens", bcache, rb, -2, 1)
     unchanged_after(TypeError, "prefix_lens", bcache, rb, [0.0, 1.0], 1)
+    unchanged_after(ValueError, "active", bcache, rb, 0, 1, active=np.array([True]))
+    unchanged_after(TypeError, "active", bcache, rb, 0, 1, active=np.array([1, 0]))
+    unchanged_after(ValueError, "active", bcache, rb, 0, 1, active=np.ones((1, 2), bool))
+    unchanged_after(ValueError, "active", cache, r, 0, 0, active=np.array([True]))
+    with pytest.raises(ValueError, match="active"):
+        ss.kv_compaction_plan(rb, 0, [True, False, True])
 
 
 def test_compact_kv_refuses_overlapping_views():

@@ -8,6 +8,7 @@ import random
 import subprocess
 import sys
 import tracemalloc
+from typing import Any
 
 import numpy as np
 import pytest
@@ -419,7 +420,8 @@ def test_compact_kv_torch_cpu_matches_reference(tree, rnd, dtype, kind, seq, pre
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.bool])
 @pytest.mark.parametrize(("batch_dim", "seq_dim"), [(None, 2), (0, 1), (1, 0), (-1, 1), (2, -3)])
 @pytest.mark.parametrize("transposed", [False, True])
-def test_batch_compact_kv_torch_cpu(dtype, batch_dim, seq_dim, transposed):
+@pytest.mark.parametrize("active", [None, [False, True]])
+def test_batch_compact_kv_torch_cpu(dtype, batch_dim, seq_dim, transposed, active):
     t1, t2 = ss.Tree(P5, T5), ss.Tree.chain([1, 2, 3, 4])
     rb = ss.verify(ss.TreeBatch([t1, t2]), target_tokens=[11, 14, 0, 0, 77, 2, 3, 9, 0])
     assert rb.accepted_nodes.tolist() == [[0, 1, 4, -1], [0, 1, 2, -1]]
@@ -434,11 +436,17 @@ def test_batch_compact_kv_torch_cpu(dtype, batch_dim, seq_dim, transposed):
         cache = cache.permute(2, 1, 0).contiguous().permute(2, 1, 0)
     ptr = cache.data_ptr()
     expected = f64(cache).copy()
-    plan = ref.batch_kv_compaction_plan(rb.accepted_nodes.tolist(), prefixes)
+    plan = ref.batch_kv_compaction_plan(rb.accepted_nodes.tolist(), prefixes, active)
     ref.compact_kv(expected, plan, seq_dim, bd)
-    kwargs = {} if batch_dim is None else {"batch_dim": batch_dim}
+    kwargs: dict[str, Any] = {} if batch_dim is None else {"batch_dim": batch_dim}
+    if active is not None:
+        kwargs["active"] = torch.tensor(active)  # a torch bool tensor, read on the host
     committed = ss.compact_kv(cache, rb, torch.tensor(prefixes), seq_dim, **kwargs)
-    assert committed.tolist() == [p + k + 1 for p, k in zip(prefixes, rb.num_accepted, strict=True)]
+    commits = [True, True] if active is None else active
+    assert committed.tolist() == [
+        p + (k + 1 if c else 0)
+        for p, k, c in zip(prefixes, rb.num_accepted.tolist(), commits, strict=True)
+    ]
     assert cache.data_ptr() == ptr
     assert np.array_equal(f64(cache), expected)
 
@@ -502,16 +510,19 @@ def test_device_compaction_path_on_cpu(dtype, batch_dim, seq_dim):
     shape = [3, 3, 3]
     shape[0 if batch_dim is None else batch_dim % 3] = 3
     shape[seq_dim % 3] = 12
-    cases = [(rb, [2, 0, 7], batch_dim), (rb[1], 4, None), (rb[2], 0, None)]
-    for result, prefix, bdim in cases:
+    cases = [(rb, [2, 0, 7], batch_dim, None), (rb[1], 4, None, None), (rb[2], 0, None, None)]
+    cases.append((rb, [2, 0, 7], batch_dim, np.array([False, True, True])))
+    for result, prefix, bdim, active in cases:
         cache = (torch.randperm(27 * 4, generator=g)[: int(np.prod(shape))] % 250).to(dtype)
         cache = cache.reshape(shape)
         host = cache.clone()
-        kwargs = {} if bdim is None else {"batch_dim": bdim}
+        kwargs: dict[str, Any] = {} if bdim is None else {"batch_dim": bdim}
+        if active is not None:
+            kwargs["active"] = active
         committed = ss.compact_kv(host, result, prefix, seq_dim, **kwargs)
         assert not torch.equal(host, cache)  # every case moves something
         *moves, committed_elsewhere = _core.cache_moves(
-            list(cache.shape), result, prefix, seq_dim, bdim
+            list(cache.shape), result, prefix, seq_dim, bdim, active
         )
         np.testing.assert_array_equal(committed_elsewhere, committed)
         dev = cache.clone()

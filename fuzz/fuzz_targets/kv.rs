@@ -1,9 +1,9 @@
 //! KV compaction: plans for random verified trees and batches, applied by `StridedMut` to
 //! caches of random shape, element size, axis order, gaps and negative strides. Invariants:
-//! the result equals the gather model (`new[p + j] = old[p + a_j]` for the accepted path, every
-//! other element unchanged, so nothing outside `prefix..prefix + N` is written), the bytes
-//! around and between the elements are never touched, and a cache too short for the plan is
-//! refused with the buffer unchanged.
+//! the result equals the gather model (`new[p + j] = old[p + a_j]` for the accepted path of
+//! every active request, every other element unchanged, so nothing outside
+//! `prefix..prefix + N` is written), the bytes around and between the elements are never
+//! touched, and a cache too short for the plan is refused with the buffer unchanged.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
@@ -45,14 +45,17 @@ fuzz_target!(|data: &[u8]| {
     let f = choice_from_tokens(ArrayView1::from(&choice[..]), None, choice.len()).unwrap();
     let rb = verify_batch(&batch, &f, 1).unwrap();
     let prefix: Vec<i64> = (0..nreq).map(|_| b.below(4) as i64).collect();
+    // Requests not active (finished, padding) move nothing.
+    let active: Option<Vec<bool>> =
+        (batched && b.bool()).then(|| (0..nreq).map(|_| b.bool()).collect());
     let moves: Vec<Move> = if batched {
-        batch_compaction_plan(&rb, &prefix).unwrap()
+        batch_compaction_plan(&rb, &prefix, active.as_deref()).unwrap()
     } else {
         compaction_plan(&rb.get(0), prefix[0]).unwrap()
     };
     // Plan model: src = p + a_j, dst = p + j for a_j != j, request-major, in path order.
     let mut want_moves = vec![];
-    for r in 0..nreq {
+    for r in (0..nreq).filter(|&r| active.as_ref().is_none_or(|a| a[r])) {
         let v = rb.get(r);
         for (j, &a) in v.accepted_nodes.iter().enumerate() {
             if a as usize != j {
@@ -67,7 +70,8 @@ fuzz_target!(|data: &[u8]| {
     }
     assert_eq!(moves, want_moves);
     if batched {
-        assert!(batch_compaction_plan(&rb, &prefix[1..]).is_err());
+        assert!(batch_compaction_plan(&rb, &prefix[1..], None).is_err());
+        assert!(batch_compaction_plan(&rb, &prefix, Some(&vec![true; nreq + 1])).is_err());
     }
 
     // The cache: ndim 1..=4 with a sequence axis and (batched) a request axis.
@@ -148,7 +152,8 @@ fuzz_target!(|data: &[u8]| {
         let s = idx[seq_dim];
         let p = prefix[req] as usize;
         let acc = &rb.get(req).accepted_nodes;
-        if s >= p && s - p < acc.len() {
+        let moved = active.as_ref().is_none_or(|a| a[req]);
+        if moved && s >= p && s - p < acc.len() {
             let mut src = idx.clone();
             src[seq_dim] = p + acc[s - p] as usize;
             let (o, so) = (offset(&idx), offset(&src));

@@ -269,9 +269,12 @@ def verify_sampled(
     """Sampled verification from host logits ("match", "rejection" or lossy "typical")."""
 
 def kv_compaction_plan(
-    result: VerifyResult | BatchVerifyResult, prefix_lens: npt.ArrayLike
+    result: VerifyResult | BatchVerifyResult,
+    prefix_lens: npt.ArrayLike,
+    active: npt.ArrayLike | None = None,
 ) -> tuple[npt.NDArray[np.int64], ...]:
-    """`(src, dst)` for a VerifyResult, `(req, src, dst)` for a batch."""
+    """`(src, dst)` for a VerifyResult, `(req, src, dst)` for a batch (`active`: bool `[B]`,
+    the requests that commit; the others move nothing)."""
 
 def compact_kv(
     cache: npt.NDArray[Any],
@@ -279,8 +282,10 @@ def compact_kv(
     prefix_lens: npt.ArrayLike,
     seq_dim: int,
     batch_dim: int | None = None,
+    active: npt.ArrayLike | None = None,
 ) -> int | npt.NDArray[np.int64]:
-    """Applies the compaction plan in place on a host buffer; returns the committed lengths."""
+    """Applies the compaction plan in place on a host buffer; returns the committed lengths
+    (a request not `active` moves nothing and keeps its prefix)."""
 
 def cache_moves(
     cache_shape: list[int],
@@ -288,6 +293,7 @@ def cache_moves(
     prefix_lens: npt.ArrayLike,
     seq_dim: int,
     batch_dim: int | None = None,
+    active: npt.ArrayLike | None = None,
 ) -> tuple[
     npt.NDArray[np.int64],
     npt.NDArray[np.int64],

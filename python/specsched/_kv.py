@@ -23,12 +23,20 @@ _NDARRAY = np.ndarray
 _compact_kv = _core.compact_kv
 
 
-def kv_compaction_plan(result: Result, prefix_lens: Any) -> tuple[np.ndarray, ...]:
+def kv_compaction_plan(
+    result: Result, prefix_lens: Any, active: Any = None
+) -> tuple[np.ndarray, ...]:
     """`(src, dst)` int64 sequence positions for a VerifyResult, `(req, src, dst)` for a batch.
 
-    Only moves with `src != dst`, in an order that is safe to apply one after another.
+    Only moves with `src != dst`, in an order that is safe to apply one after another. For a
+    batch, `active` (bool `[B]`, None = all) marks the requests that commit: the others (a
+    finished request, a padding row of a fixed-size batch) move nothing.
     """
-    return _core.kv_compaction_plan(result, _torch.host_array(prefix_lens, "prefix_lens"))
+    return _core.kv_compaction_plan(
+        result,
+        _torch.host_array(prefix_lens, "prefix_lens"),
+        None if active is None else _torch.host_array(active, "active"),
+    )
 
 
 def compact_kv(
@@ -38,6 +46,7 @@ def compact_kv(
     seq_dim: int,
     *,
     batch_dim: int | None = None,
+    active: Any = None,
 ) -> Any:
     """Moves the accepted nodes' KV entries to `prefix + 0..k` along `seq_dim`, in place.
 
@@ -48,22 +57,32 @@ def compact_kv(
     Returns the committed lengths `prefix + k + 1` (the accepted path, root slot included): an
     int for a VerifyResult, int64 `[B]` (host) for a batch. A target's length bookkeeping
     then needs no array arithmetic of its own.
+
+    For a batch, `active` (bool `[B]`, None = all) marks the requests that commit: one that
+    does not (a finished request still verifying its root, a padding row of a fixed-size
+    batch) moves nothing and keeps its length, `prefix_lens[b]`.
     """
     # The decode loop's call first: a host numpy cache and host lengths go straight to Rust.
     # Right after a model forward every Python function called here costs µs.
-    if type(cache) is _NDARRAY and type(prefix_lens) in _HOST_LENGTHS:
-        return _compact_kv(cache, result, prefix_lens, seq_dim, batch_dim)
+    if (
+        type(cache) is _NDARRAY
+        and type(prefix_lens) in _HOST_LENGTHS
+        and (active is None or type(active) is _NDARRAY)
+    ):
+        return _compact_kv(cache, result, prefix_lens, seq_dim, batch_dim, active)
     prefix_lens = _torch.host_array(prefix_lens, "prefix_lens")
+    if active is not None:
+        active = _torch.host_array(active, "active")
     if _torch.is_tensor(cache):
         _torch.check_has_data(cache, "cache")
         if cache.device.type != "cpu":
             req, src, dst, seq, batch, committed = _core.cache_moves(
-                list(cache.shape), result, prefix_lens, seq_dim, batch_dim
+                list(cache.shape), result, prefix_lens, seq_dim, batch_dim, active
             )
             _torch.compact_on_device(cache, (req, src, dst, seq, batch))
             return committed
         cache = _torch.raw_cpu_view(cache)
-    return _core.compact_kv(cache, result, prefix_lens, seq_dim, batch_dim)
+    return _core.compact_kv(cache, result, prefix_lens, seq_dim, batch_dim, active)
 
 
 def commit_slots(slots: Any, result: Result) -> tuple[Any, Any]:

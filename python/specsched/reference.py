@@ -650,15 +650,22 @@ def kv_compaction_plan(
 
 
 def batch_kv_compaction_plan(
-    accepted_nodes_padded: Sequence[Sequence[int]], prefix_lens: int | Sequence[int]
+    accepted_nodes_padded: Sequence[Sequence[int]],
+    prefix_lens: int | Sequence[int],
+    active: Sequence[bool] | None = None,
 ) -> tuple[list[int], list[int], list[int]]:
-    """``(req, src, dst)``: :func:`kv_compaction_plan` of every request, request-major."""
+    """``(req, src, dst)``: :func:`kv_compaction_plan` of every request, request-major; a
+    request with ``active[b]`` False moves nothing."""
     pls = _prefix_list(prefix_lens, len(accepted_nodes_padded))
+    if active is not None and len(active) != len(pls):
+        raise ValueError("active: one flag per request")
     req: list[int] = []
     src: list[int] = []
     dst: list[int] = []
     for b, (acc, pl) in enumerate(zip(accepted_nodes_padded, pls, strict=True)):
         s, d = kv_compaction_plan(acc, pl)
+        if active is not None and not active[b]:
+            continue
         req.extend([b] * len(s))
         src.extend(s)
         dst.extend(d)

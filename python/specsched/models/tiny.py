@@ -401,14 +401,16 @@ class TinyTarget:
     def accept(self, result: Any) -> None:
         # compact_kv returns the committed lengths: no array arithmetic here (each numpy op
         # costs ~8 µs right after a forward evicted numpy's code from the CPU caches).
-        lengths = compact_kv(
-            self.cache_host, result, self.lengths, seq_dim=self.SEQ_DIM, batch_dim=self.BATCH_DIM
+        # A retired row's root-only tree commits nothing (`active`): its length stays, so the
+        # next one is written and scored at the same slot and position again.
+        self.lengths = compact_kv(
+            self.cache_host,
+            result,
+            self.lengths,
+            seq_dim=self.SEQ_DIM,
+            batch_dim=self.BATCH_DIM,
+            active=self.retired.running if self.retired.any else None,
         )
-        if self.retired.any:
-            # A retired row's root-only tree committed its root: take it back, so the next
-            # one is written and scored at the same slot and position again.
-            np.subtract(lengths, self.retired.held, out=lengths)
-        self.lengths = lengths
 
     def retire(self, rows: np.ndarray) -> None:
         """Rows whose requests finished (`generate` still feeds them root-only trees): their

@@ -67,22 +67,33 @@ fn plan_row(accepted: &[i32], prefix: usize, req: usize) -> impl Iterator<Item =
         })
 }
 
-/// Moves for a verified batch, request-major; `prefix` has one entry per request.
-pub fn batch_compaction_plan(r: &BatchVerified, prefix: &[i64]) -> Result<Vec<Move>> {
-    if prefix.len() != r.num_trees() {
-        return Err(Error::value(
-            "prefix_lens",
-            format!(
-                "has {} entries, expected one per request ({})",
-                prefix.len(),
-                r.num_trees()
-            ),
-        ));
+/// Moves for a verified batch, request-major; `prefix` has one entry per request. A request
+/// with `active[b] == false` (finished, or a padding row of a fixed-size batch) moves nothing.
+pub fn batch_compaction_plan(
+    r: &BatchVerified,
+    prefix: &[i64],
+    active: Option<&[bool]>,
+) -> Result<Vec<Move>> {
+    for (arg, len) in [
+        ("prefix_lens", Some(prefix.len())),
+        ("active", active.map(<[bool]>::len)),
+    ] {
+        if let Some(len) = len.filter(|&l| l != r.num_trees()) {
+            return Err(Error::value(
+                arg,
+                format!(
+                    "has {len} entries, expected one per request ({})",
+                    r.num_trees()
+                ),
+            ));
+        }
     }
     let mut moves = Vec::new();
     for (b, &p) in prefix.iter().enumerate() {
         let p = check_prefix("prefix_lens", Some(b), p, r.offsets[b + 1] - r.offsets[b])?;
-        moves.extend(plan_row(r.accepted_row(b), p, b));
+        if active.is_none_or(|a| a[b]) {
+            moves.extend(plan_row(r.accepted_row(b), p, b));
+        }
     }
     Ok(moves)
 }
@@ -93,14 +104,25 @@ pub fn committed_length(r: &Verified, prefix: i64) -> Result<i64> {
     grown("prefix_lens", None, prefix, r.accepted_nodes.len())
 }
 
-/// [`committed_length`] of every request of a batch (`prefix` checked by
-/// [`batch_compaction_plan`]).
-pub fn batch_committed_lengths(r: &BatchVerified, prefix: &[i64]) -> Result<Vec<i64>> {
+/// [`committed_length`] of every request of a batch (`prefix` and `active` checked by
+/// [`batch_compaction_plan`]); a request that is not active keeps its prefix.
+pub fn batch_committed_lengths(
+    r: &BatchVerified,
+    prefix: &[i64],
+    active: Option<&[bool]>,
+) -> Result<Vec<i64>> {
     prefix
         .iter()
         .zip(&r.num_accepted)
         .enumerate()
-        .map(|(b, (&p, &k))| grown("prefix_lens", Some(b), p, k as usize + 1))
+        .map(|(b, (&p, &k))| {
+            let kept = if active.is_none_or(|a| a[b]) {
+                k as usize + 1
+            } else {
+                0
+            };
+            grown("prefix_lens", Some(b), p, kept)
+        })
         .collect()
 }
 
@@ -482,6 +504,45 @@ mod tests {
         let full = verified(&[0, 1, 2, 3, 4, 5, 6, 7], 8);
         assert!(compaction_plan(&full, edge).is_ok());
         assert!(committed_length(&full, edge).is_err());
+    }
+
+    /// A request that is not active (finished, or padding) moves nothing and keeps its
+    /// prefix; the others are planned as without `active`.
+    #[test]
+    fn inactive_requests_move_nothing_and_keep_their_prefix() {
+        // Two trees of 8 nodes: request 0 accepts 0, 2 (a move), request 1 accepts 0, 5.
+        let r = BatchVerified {
+            num_accepted: vec![1, 1],
+            accepted_nodes: vec![0, 2, -1, 0, 5, -1],
+            tokens: vec![0; 6],
+            width: 3,
+            offsets: vec![0, 8, 16],
+        };
+        let prefix = [4, 10];
+        let all = batch_compaction_plan(&r, &prefix, None).unwrap();
+        assert_eq!(all.len(), 2);
+        assert_eq!(
+            batch_compaction_plan(&r, &prefix, Some(&[true, true])).unwrap(),
+            all
+        );
+        let some = batch_compaction_plan(&r, &prefix, Some(&[false, true])).unwrap();
+        assert_eq!(
+            some,
+            [Move {
+                req: 1,
+                src: 15,
+                dst: 11
+            }]
+        );
+        assert_eq!(
+            batch_committed_lengths(&r, &prefix, Some(&[false, true])).unwrap(),
+            [4, 12]
+        );
+        assert_eq!(batch_committed_lengths(&r, &prefix, None).unwrap(), [6, 12]);
+        let e = batch_compaction_plan(&r, &prefix, Some(&[true])).unwrap_err();
+        assert!(e.to_string().contains("active"), "{e}");
+        // An inactive request's prefix is still checked: the cache must hold its tree.
+        assert!(batch_compaction_plan(&r, &[-1, 10], Some(&[false, true])).is_err());
     }
 
     #[test]

@@ -9,7 +9,8 @@ use specsched_core::kv::{self, Move, StridedMut};
 use specsched_core::verify::{BatchVerified, Verified};
 
 use crate::convert::{
-    data_ptr, int_array1, is_writeable, owned, type_name, with_int_view, IntoPyResult, PerRequest,
+    bool_vec, data_ptr, int_array1, is_writeable, owned, type_name, with_int_view, IntoPyResult,
+    PerRequest,
 };
 use crate::verify::{PyBatchVerifyResult, PyVerifyResult};
 
@@ -69,12 +70,18 @@ impl Committed {
     }
 }
 
-/// Moves of a result, the extents of its requests and their committed lengths.
+/// Moves of a result, the extents of its requests and their committed lengths; `active`
+/// (bool `[B]`, a batch only): the requests that commit (the others move nothing and keep
+/// their prefix).
 fn plan(
     result: &AnyResult<'_>,
     prefix_lens: &Bound<'_, PyAny>,
+    active: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<(Vec<Move>, Extents, Committed)> {
     match result {
+        AnyResult::One(_) if active.is_some() => Err(PyValueError::new_err(
+            "active: one flag per request of a BatchVerifyResult; a VerifyResult has no rows",
+        )),
         AnyResult::One(r) => {
             let v: &Verified = &r.get().inner;
             let p = single_prefix(prefix_lens)?;
@@ -89,11 +96,13 @@ fn plan(
         AnyResult::Batch(r) => {
             let v: &BatchVerified = &r.get().inner;
             let p = batch_prefixes(v, prefix_lens)?;
-            let moves = kv::batch_compaction_plan(v, &p).py()?;
+            let active = active.map(|a| bool_vec(a, "active")).transpose()?;
+            let active = active.as_deref();
+            let moves = kv::batch_compaction_plan(v, &p, active).py()?;
             let extents = (0..v.num_trees())
                 .map(|b| (p[b] as usize, v.offsets[b + 1] - v.offsets[b]))
                 .collect();
-            let committed = kv::batch_committed_lengths(v, &p).py()?;
+            let committed = kv::batch_committed_lengths(v, &p, active).py()?;
             Ok((moves, extents, Committed::Batch(committed)))
         }
     }
@@ -101,13 +110,15 @@ fn plan(
 
 /// `(src, dst)` int64 for a VerifyResult, `(req, src, dst)` for a batch.
 #[pyfunction]
+#[pyo3(signature = (result, prefix_lens, active=None))]
 pub fn kv_compaction_plan<'py>(
     py: Python<'py>,
     result: &Bound<'py, PyAny>,
     prefix_lens: &Bound<'py, PyAny>,
+    active: Option<&Bound<'py, PyAny>>,
 ) -> PyResult<Bound<'py, PyTuple>> {
     let result = AnyResult::extract(result)?;
-    let (moves, _, _) = plan(&result, prefix_lens)?;
+    let (moves, _, _) = plan(&result, prefix_lens, active)?;
     let n = moves.len();
     let src = owned(py, moves.iter().map(|m| m.src as i64).collect(), &[n])?;
     let dst = owned(py, moves.iter().map(|m| m.dst as i64).collect(), &[n])?;
@@ -153,7 +164,7 @@ fn axes(
 /// Applies the compaction plan in place on a numpy buffer of any dtype and strides; returns the
 /// committed lengths (an int, or int64 `[B]`).
 #[pyfunction]
-#[pyo3(signature = (cache, result, prefix_lens, seq_dim, batch_dim=None))]
+#[pyo3(signature = (cache, result, prefix_lens, seq_dim, batch_dim=None, active=None))]
 pub fn compact_kv(
     py: Python<'_>,
     cache: &Bound<'_, PyAny>,
@@ -161,6 +172,7 @@ pub fn compact_kv(
     prefix_lens: &Bound<'_, PyAny>,
     #[pyo3(from_py_with = crate::convert::seq_dim_arg)] seq_dim: isize,
     batch_dim: Option<isize>,
+    active: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<Py<PyAny>> {
     let arr = cache.cast::<PyUntypedArray>().map_err(|_| {
         PyTypeError::new_err(format!(
@@ -182,7 +194,7 @@ pub fn compact_kv(
     }
     let result = AnyResult::extract(result)?;
     let (seq, batch) = axes(&result, arr.ndim(), seq_dim, batch_dim)?;
-    let (moves, extents, committed) = plan(&result, prefix_lens)?;
+    let (moves, extents, committed) = plan(&result, prefix_lens, active)?;
     let shape = arr.shape().to_vec();
     kv::check_cache_shape(&shape, seq, batch, &extents).py()?;
     let itemsize = arr.dtype().itemsize();
@@ -201,7 +213,7 @@ pub fn compact_kv(
 /// committed)` with normalised axes (`batch_dim` is -1 for a single-tree result) and the
 /// committed lengths `compact_kv` returns.
 #[pyfunction]
-#[pyo3(signature = (cache_shape, result, prefix_lens, seq_dim, batch_dim=None))]
+#[pyo3(signature = (cache_shape, result, prefix_lens, seq_dim, batch_dim=None, active=None))]
 pub fn cache_moves<'py>(
     py: Python<'py>,
     cache_shape: Vec<usize>,
@@ -209,10 +221,11 @@ pub fn cache_moves<'py>(
     prefix_lens: &Bound<'py, PyAny>,
     #[pyo3(from_py_with = crate::convert::seq_dim_arg)] seq_dim: isize,
     batch_dim: Option<isize>,
+    active: Option<&Bound<'py, PyAny>>,
 ) -> PyResult<Bound<'py, PyTuple>> {
     let result = AnyResult::extract(result)?;
     let (seq, batch) = axes(&result, cache_shape.len(), seq_dim, batch_dim)?;
-    let (moves, extents, committed) = plan(&result, prefix_lens)?;
+    let (moves, extents, committed) = plan(&result, prefix_lens, active)?;
     kv::check_cache_shape(&cache_shape, seq, batch, &extents).py()?;
     let n = moves.len();
     let req = owned(py, moves.iter().map(|m| m.req as i64).collect(), &[n])?;
