@@ -298,9 +298,11 @@ impl RequestTree {
     /// are one run of consecutive nodes: each node's links are then plain stores, chosen
     /// without a branch, not SGLang's read-modify-write of the parent's list head. A repeated
     /// parent is found on the way and the lists are rebuilt the general way.
+    /// `PARENTS`: also record each node's parent in `self.parent`, for mask rows copied from
+    /// their parents' (without it the loop keeps one pointer fewer live, and stores less).
     // Not inlined into the batch loop, where the per-node pointers would spill to the stack.
     #[inline(never)]
-    fn link(
+    fn link<const PARENTS: bool>(
         &mut self,
         b: usize,
         sel: ArrayView1<'_, i64>,
@@ -375,7 +377,9 @@ impl RequestTree {
             // Bits past 63 wrap, but the words are only read when `N <= 64`.
             anc[i] = anc[p] | 1u64 << (i & 63);
             placed[g as usize] = stamp(tag, i);
-            parent[i] = p;
+            if PARENTS {
+                parent[i] = p;
+            }
             // A new slot starts a run under `p`: node i is `p`'s first child, and node i - 1
             // (the previous run's last) has no next sibling. Otherwise i - 1's sibling is i,
             // and node i's own (still empty) list head takes the dead store.
@@ -388,10 +392,19 @@ impl RequestTree {
         }
         if repeated {
             // Some parent had children in two slots: list every parent's children in node
-            // order, as SGLang's kernel does.
+            // order, as SGLang's kernel does. The loop above checked every lookup.
             next_token.fill(-1);
             for i in (1..n).rev() {
-                let p = parent[i];
+                let p = if PARENTS {
+                    parent[i]
+                } else {
+                    let slot = slot_of[sel[i - 1] as usize] as usize;
+                    let at = match slot {
+                        0 => root,
+                        _ => pl[slot] as usize,
+                    };
+                    placed[at] as u32 as usize
+                };
                 next_sibling[i] = next_token[p];
                 next_token[p] = i as i64;
             }
@@ -573,18 +586,19 @@ fn build_tree_rows(
         } else {
             &mut words[..]
         };
-        tree.link(
-            b,
-            selected_index.row(b),
-            parent_list.row(b),
-            seq_len as i64,
-            RequestRows {
-                positions: &mut positions[rows.clone()],
-                next_token: &mut retrive_next_token[rows.clone()],
-                next_sibling: &mut retrive_next_sibling[rows.clone()],
-                anc,
-            },
-        )?;
+        let (sel, pl) = (selected_index.row(b), parent_list.row(b));
+        let rows_out = RequestRows {
+            positions: &mut positions[rows.clone()],
+            next_token: &mut retrive_next_token[rows.clone()],
+            next_sibling: &mut retrive_next_sibling[rows.clone()],
+            anc,
+        };
+        // Parents only for rows copied from them (the word writers read the ancestor words).
+        if writer == RowWriter::Copy {
+            tree.link::<true>(b, sel, pl, seq_len as i64, rows_out)?;
+        } else {
+            tree.link::<false>(b, sel, pl, seq_len as i64, rows_out)?;
+        }
         let (parent, anc) = (&tree.parent[..], &*anc);
         match &mut tree_mask {
             MaskOut::Full(m) => {
@@ -1263,7 +1277,9 @@ mod tests {
                 } else {
                     seq.len() * n * n
                 };
-                let masks: Vec<Vec<bool>> = std::iter::once(RowWriter::Copy)
+                // Each writer's mask and lists (the word writers' links keep no parents, and
+                // rebuild repeated parents' lists without them).
+                let masks: Vec<(Vec<bool>, Vec<i64>)> = std::iter::once(RowWriter::Copy)
                     .chain(writers.iter().copied())
                     .map(|writer| {
                         let mut mask = vec![false; len];
@@ -1282,16 +1298,16 @@ mod tests {
                             retrive_next_sibling: next(),
                         };
                         build_tree_rows(pl.view(), sel.view(), &seq, shape, out, writer).unwrap();
-                        mask
+                        (mask, lists)
                     })
                     .collect();
-                for (mask, writer) in masks[1..].iter().zip(&writers) {
+                for (built, writer) in masks[1..].iter().zip(&writers) {
                     assert_eq!(
-                        mask, &masks[0],
+                        built, &masks[0],
                         "{writer:?} seed={seed} shape={shape:?} full={full}"
                     );
                 }
-                assert!(masks[0].iter().any(|&x| x));
+                assert!(masks[0].0.iter().any(|&x| x));
             }
         }
     }
