@@ -1035,8 +1035,7 @@ mod tests {
             (1, _) => -5.0,
             _ => -5.0 - c as f64,
         });
-        let run = |active: Option<&[bool]>| {
-            let mut d = DynamicTreeBuilder::new(b, k, depth, budget).unwrap();
+        let start = |d: &mut DynamicTreeBuilder, active: Option<&[bool]>| {
             d.start(
                 ArrayView1::from(&roots),
                 t0.view(),
@@ -1044,7 +1043,10 @@ mod tests {
                 &[0; 3],
                 active,
             )
-            .unwrap();
+        };
+        let run = |active: Option<&[bool]>| {
+            let mut d = DynamicTreeBuilder::new(b, k, depth, budget).unwrap();
+            start(&mut d, active).unwrap();
             let mut levels = 1;
             while !d.settled() && d.level() < depth {
                 d.expand(t.view(), l.view()).unwrap();
@@ -1068,34 +1070,12 @@ mod tests {
         }
         // Too few candidates for a running request's tree is refused; none running is not.
         let mut d = DynamicTreeBuilder::new(b, k, depth, budget).unwrap();
-        d.start(
-            ArrayView1::from(&roots),
-            t0.view(),
-            l0.view(),
-            &[0; 3],
-            Some(&[false; 3]),
-        )
-        .unwrap();
+        start(&mut d, Some(&[false; 3])).unwrap();
         assert!(d.settled());
         assert_eq!(d.build().unwrap().0.offsets(), &[0, 1, 2, 3]);
-        let e = d
-            .start(
-                ArrayView1::from(&roots),
-                t0.view(),
-                l0.view(),
-                &[0; 3],
-                Some(&[true]),
-            )
-            .unwrap_err();
+        let e = start(&mut d, Some(&[true])).unwrap_err();
         assert!(e.to_string().contains("active"), "{e}");
-        d.start(
-            ArrayView1::from(&roots),
-            t0.view(),
-            l0.view(),
-            &[0; 3],
-            None,
-        )
-        .unwrap();
+        start(&mut d, None).unwrap();
         assert!(d.build().unwrap_err().to_string().contains("budget"));
     }
 
