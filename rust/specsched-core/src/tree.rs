@@ -72,58 +72,95 @@ impl Nodes {
         end: usize,
         tree_index: Option<usize>,
     ) -> Result<(u32, usize)> {
-        let n = end - start;
-        let base = self.parents.len();
-        let where_ = |g: usize| match tree_index {
-            Some(b) => format!("parents[{g}] (node {} of tree {b})", g - start),
-            None => format!("parents[{g}]"),
+        // Contiguous inputs (every decode-loop caller's) are read as plain slices: indexing a
+        // view per node costs more than the node's own work. Strided ones are copied first.
+        let pushed = match (parents.as_slice(), tokens.as_slice()) {
+            (Some(p), Some(t)) => self.push_nodes(&p[start..end], &t[start..end]),
+            _ => {
+                let range = ndarray::s![start..end];
+                let (p, t) = (parents.slice(range).to_vec(), tokens.slice(range).to_vec());
+                self.push_nodes(&p, &t)
+            }
         };
-        let mut max_depth = 0i32;
-        for local in 0..n {
+        pushed.map_err(|(local, p)| {
             let g = start + local;
-            let p = parents[g].to_i64();
+            let at = match tree_index {
+                Some(b) => format!("parents[{g}] (node {local} of tree {b})"),
+                None => format!("parents[{g}]"),
+            };
+            let why = if local == 0 {
+                "but the first node is the root and must have parent -1".to_string()
+            } else {
+                format!("expected 0 <= parent < {local} (parents come before children)")
+            };
+            Error::value("parents", format!("{at} = {p}, {why}"))
+        })
+    }
+
+    /// Appends one tree (`parents` tree-local, as long as `tokens`): depths, tokens, and
+    /// first-child / next-sibling links. Returns (max_depth, num_leaves), or the first node
+    /// whose parent is invalid as `(node, parent)`, with nothing appended.
+    fn push_nodes<P: IndexLike, T: IndexLike>(
+        &mut self,
+        parents: &[P],
+        tokens: &[T],
+    ) -> std::result::Result<(u32, usize), (usize, i64)> {
+        let n = parents.len();
+        let tokens = &tokens[..n];
+        let base = self.parents.len();
+        self.parents.resize(base + n, -1);
+        self.depths.resize(base + n, 0);
+        self.tokens.resize(base + n, 0);
+        let Nodes {
+            parents: out_parents,
+            tokens: out_tokens,
+            depths: out_depths,
+            first_child,
+            next_sibling,
+        } = self;
+        let (out_p, out_d, out_t) = (
+            &mut out_parents[base..],
+            &mut out_depths[base..],
+            &mut out_tokens[base..],
+        );
+        let mut max_depth = 0i32;
+        let mut bad = None;
+        for local in 0..n {
+            let p = parents[local].to_i64();
             if local == 0 {
                 if p != -1 {
-                    return Err(Error::value(
-                        "parents",
-                        format!(
-                            "{} = {p}, but the first node is the root and must have parent -1",
-                            where_(g)
-                        ),
-                    ));
+                    bad = Some((0, p));
+                    break;
                 }
-                self.parents.push(-1);
-                self.depths.push(0);
             } else {
                 if p < 0 || p >= local as i64 {
-                    return Err(Error::value(
-                        "parents",
-                        format!(
-                            "{} = {p}, expected 0 <= parent < {local} (parents come before children)",
-                            where_(g)
-                        ),
-                    ));
+                    bad = Some((local, p));
+                    break;
                 }
-                let d = self.depths[base + p as usize] + 1;
+                let d = out_d[p as usize] + 1;
                 max_depth = max_depth.max(d);
-                self.parents.push(p as i32);
-                self.depths.push(d);
+                out_p[local] = p as i32;
+                out_d[local] = d;
             }
-            self.tokens.push(tokens[g].to_i64());
+            out_t[local] = tokens[local].to_i64();
+        }
+        if let Some(bad) = bad {
+            out_parents.truncate(base);
+            out_depths.truncate(base);
+            out_tokens.truncate(base);
+            return Err(bad);
         }
         // Links: walking nodes in decreasing index and pushing each onto its parent's list
         // leaves every list in increasing index order.
-        self.first_child.resize(base + n, -1);
-        self.next_sibling.resize(base + n, -1);
+        first_child.resize(base + n, -1);
+        next_sibling.resize(base + n, -1);
+        let (fc, ns) = (&mut first_child[base..], &mut next_sibling[base..]);
         for local in (1..n).rev() {
-            let p = base + self.parents[base + local] as usize;
-            self.next_sibling[base + local] = self.first_child[p];
-            self.first_child[p] = local as i32;
+            let p = out_p[local] as usize;
+            ns[local] = fc[p];
+            fc[p] = local as i32;
         }
-        let num_leaves = self.first_child[base..base + n]
-            .iter()
-            .filter(|&&c| c < 0)
-            .count();
+        let num_leaves = fc.iter().filter(|&&c| c < 0).count();
         Ok((max_depth as u32, num_leaves))
     }
 }
