@@ -118,10 +118,11 @@ impl Nodes {
             first_child,
             next_sibling,
         } = self;
+        // Exact lengths `n`, so a parent index `p < local < n` needs no bounds check.
         let (out_p, out_d, out_t) = (
-            &mut out_parents[base..],
-            &mut out_depths[base..],
-            &mut out_tokens[base..],
+            &mut out_parents[base..base + n],
+            &mut out_depths[base..base + n],
+            &mut out_tokens[base..base + n],
         );
         let mut max_depth = 0i32;
         let mut bad = None;
@@ -154,7 +155,10 @@ impl Nodes {
         // leaves every list in increasing index order.
         first_child.resize(base + n, -1);
         next_sibling.resize(base + n, -1);
-        let (fc, ns) = (&mut first_child[base..], &mut next_sibling[base..]);
+        let (fc, ns) = (
+            &mut first_child[base..base + n],
+            &mut next_sibling[base..base + n],
+        );
         for local in (1..n).rev() {
             let p = out_p[local] as usize;
             ns[local] = fc[p];
