@@ -10,9 +10,10 @@ the machine's drift (on shared cores its speed swings by up to 2x within minutes
 builds alike; runs of two builds one after the other cannot tell 10% apart here.
 
 Prints, per call, the median µs of the installed build and of OTHER and the median of the
-paired ratios installed / OTHER: the `DynamicTreeBuilder` steps hot (three configurations),
-then the decode loop's calls right after a forward of the shipped tiny target (the
-16-node dynamic tree's first step, as `scripts/cold_calls.py` times them).
+paired ratios installed / OTHER: the `DynamicTreeBuilder` steps and `TreeBatch.from_flat` hot
+(three and two configurations), then the decode loop's calls right after a forward of the
+shipped tiny target (the 16-node dynamic tree's first step, as `scripts/cold_calls.py` times
+them).
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ from specsched import _core
 
 # (batch, topk, depth, budget): the demo's two dynamic trees and the benchmark's batch.
 HOT_CONFIGS = [(4, 2, 15, 16), (4, 8, 15, 48), (64, 8, 6, 64)]
+# (batch, nodes) of the random tree batches `TreeBatch.from_flat` builds hot.
+FROM_FLAT_SIZES = [(4, 16), (64, 64)]
 
 
 def load_copy(path: Path, into: Path, package: str) -> ModuleType:
@@ -105,6 +108,21 @@ def hot(builds: dict[str, ModuleType], reps: int) -> None:
                 t0 = clock()
                 loop_build(builder)
                 times[rows["build"]][side].append(clock() - t0)
+    for batch, n in FROM_FLAT_SIZES:
+        # Random trees: node i hangs under any earlier node.
+        local = [[-1] + [int(rng.integers(0, i)) for i in range(1, n)] for _ in range(batch)]
+        flat = (
+            np.concatenate(local).astype(np.int32),
+            rng.integers(0, 256, size=batch * n),
+            np.arange(batch + 1, dtype=np.int64) * n,
+        )
+        row = f"TreeBatch.from_flat (B={batch} N={n})"
+        times[row] = {"this": [], "other": []}
+        for rep in range(reps):
+            for side in ("this", "other") if rep % 2 else ("other", "this"):
+                t0 = clock()
+                builds[side].TreeBatch.from_flat(*flat)
+                times[row][side].append(clock() - t0)
     report("hot", times)
 
 
