@@ -602,8 +602,9 @@ def test_compare_builds_script_pairs_two_builds() -> None:
     headers = [i for i, line in enumerate(lines) if line.rstrip().endswith("(µs, medians)")]
     assert len(headers) == 2
     rows = [line for i, line in enumerate(lines) if i not in headers]
-    assert len(rows) == 9 + 6
+    assert len(rows) == 9 + 2 + 6  # builder steps and from_flat hot, then the loop's calls
     assert any(row.startswith("expand (B=64 K=8") for row in rows)
+    assert any(row.startswith("TreeBatch.from_flat (B=64 N=64)") for row in rows)
     assert any(row.startswith("verify_greedy") for row in rows)
     assert any(row.startswith("DynamicTreeBuilder build, the loop's") for row in rows)
     for row in rows:
