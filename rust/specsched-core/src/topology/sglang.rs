@@ -299,7 +299,8 @@ impl RequestTree {
     /// without a branch, not SGLang's read-modify-write of the parent's list head. A repeated
     /// parent is found on the way and the lists are rebuilt the general way.
     /// `PARENTS`: also record each node's parent in `self.parent`, for mask rows copied from
-    /// their parents' (without it the loop keeps one pointer fewer live, and stores less).
+    /// their parents' (without it the loop keeps one pointer fewer live, and stores less; the
+    /// caller then has `N <= 64`, so the ancestor words are exact and name every parent).
     // Not inlined into the batch loop, where the per-node pointers would spill to the stack.
     #[inline(never)]
     fn link<const PARENTS: bool>(
@@ -392,18 +393,19 @@ impl RequestTree {
         }
         if repeated {
             // Some parent had children in two slots: list every parent's children in node
-            // order, as SGLang's kernel does. The loop above checked every lookup.
+            // order, as SGLang's kernel does.
             next_token.fill(-1);
+            debug_assert!(
+                PARENTS || n <= 64,
+                "ancestor words are exact only up to 64 nodes"
+            );
             for i in (1..n).rev() {
+                // Without recorded parents the words hold them: ancestors precede their
+                // descendants, so a node's parent is its highest-numbered proper ancestor.
                 let p = if PARENTS {
                     parent[i]
                 } else {
-                    let slot = slot_of[sel[i - 1] as usize] as usize;
-                    let at = match slot {
-                        0 => root,
-                        _ => pl[slot] as usize,
-                    };
-                    placed[at] as u32 as usize
+                    63 - (anc[i] & !(1u64 << i)).leading_zeros() as usize
                 };
                 next_sibling[i] = next_token[p];
                 next_token[p] = i as i64;
