@@ -7,7 +7,6 @@
 //! (of the block) for everything it reads and writes: a concurrent specsched call holding any
 //! of the views is refused instead of racing, and the step pays for one borrow, not nine.
 
-use ndarray::{ArrayView1, ArrayView3};
 use numpy::PyArray1;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
@@ -32,16 +31,16 @@ pub struct Layout {
     pub mask_stride: usize,
 }
 
-/// One step's view of the block, shaped: inputs the caller wrote (`[B]` roots, prefix
+/// One step's view of the block, row-major: inputs the caller wrote (`[B]` roots, prefix
 /// lengths and running flags, `[B, K, K]` top-k), outputs the builder writes.
 pub struct Parts<'a> {
-    pub root_tokens: ArrayView1<'a, i64>,
+    pub root_tokens: &'a [i64],
     pub prefix_lens: &'a [i64],
     /// numpy bools as bytes (nonzero = running): read as `u8`, so a byte numpy did not write
     /// through a bool view is a flag, not an invalid `bool`.
     pub active: &'a [u8],
-    pub topk_tokens: ArrayView3<'a, i64>,
-    pub topk_logprobs: ArrayView3<'a, f32>,
+    pub topk_tokens: &'a [i64],
+    pub topk_logprobs: &'a [f32],
     pub out: StepOut<'a, u8>,
     /// `[B, budget - 1]` row-major, written by `build_in_place`.
     pub pool_index: &'a mut [i64],
@@ -116,34 +115,32 @@ impl Layout {
         self.field_bytes().iter().sum()
     }
 
-    /// The block cut into its fields, shaped. Fails only if the block is not the one this
-    /// layout made (wrong length or alignment), which the builder never hands out.
+    /// The block cut into its fields. Fails only if the block is not the one this layout
+    /// made (wrong length or alignment), which the builder never hands out.
     pub fn split<'a>(&self, block: &'a mut [u8]) -> PyResult<Parts<'a>> {
-        let internal =
-            |what: &str| PyValueError::new_err(format!("buffers: internal layout error ({what})"));
-        if block.len() != self.bytes() {
-            return Err(internal("length"));
-        }
         let [root, pre, tt, tok, par, pos, idx, lp, mask, _] = self.field_bytes();
-        let (ints, rest) = block.split_at_mut(root + pre + tt + tok + par + pos + idx);
+        let ints = root + pre + tt + tok + par + pos + idx;
+        if block.len() != self.bytes() {
+            return Err(internal_layout_error());
+        }
+        let (ints, rest) = block.split_at_mut(ints);
         let (lp, rest) = rest.split_at_mut(lp);
         let (mask, active) = rest.split_at_mut(mask);
-        let ints: &mut [i64] = bytemuck::try_cast_slice_mut(ints).map_err(|_| internal("int64"))?;
-        let lp: &[f32] = bytemuck::try_cast_slice(lp).map_err(|_| internal("float32"))?;
+        let ints: &mut [i64] =
+            bytemuck::try_cast_slice_mut(ints).map_err(|_| internal_layout_error())?;
+        let lp: &[f32] = bytemuck::try_cast_slice(lp).map_err(|_| internal_layout_error())?;
         let (root_tokens, ints) = ints.split_at_mut(root / 8);
         let (prefix_lens, ints) = ints.split_at_mut(pre / 8);
         let (topk_tokens, ints) = ints.split_at_mut(tt / 8);
         let (tokens, ints) = ints.split_at_mut(tok / 8);
         let (parent_index, ints) = ints.split_at_mut(par / 8);
         let (positions, pool_index) = ints.split_at_mut(pos / 8);
-        let topk = (self.batch, self.topk, self.topk);
-        let shape = |e| internal(&format!("shape: {e}"));
         Ok(Parts {
-            root_tokens: ArrayView1::from(&*root_tokens),
-            prefix_lens: &*prefix_lens,
-            active: &*active,
-            topk_tokens: ArrayView3::from_shape(topk, &*topk_tokens).map_err(shape)?,
-            topk_logprobs: ArrayView3::from_shape(topk, lp).map_err(shape)?,
+            root_tokens,
+            prefix_lens,
+            active,
+            topk_tokens,
+            topk_logprobs: lp,
             out: StepOut {
                 tokens,
                 parent_index,
@@ -154,6 +151,12 @@ impl Layout {
             pool_index,
         })
     }
+}
+
+/// The block is not the one its layout made (an internal error: never handed out).
+#[cold]
+fn internal_layout_error() -> PyErr {
+    PyValueError::new_err("buffers: internal layout error")
 }
 
 /// The buffers of one `DynamicTreeBuilder` (its `buffers` attribute), numpy views of one

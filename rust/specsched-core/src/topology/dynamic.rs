@@ -18,7 +18,8 @@
 //! ([`DynamicTreeBuilder::settled`]): a candidate enters it only by beating its request's
 //! `(budget-1)`-th best so far, and no descendant of the frontier can once the frontier's best
 //! scores no better than the `(budget-1)`-th best frontier node drafted (frontier nodes are
-//! candidates): a selection over the `K · level` frontier nodes, once they can fill the tree.
+//! candidates). Each request keeps its best `budget - 1` frontier scores sorted as the levels
+//! come, so the test is a compare per frontier node once they can fill the tree.
 //!
 //! A request that is no longer running (`active[r] == false` at `start`: it finished, but
 //! the draft forward still runs over the whole batch) is drafted like the others, builds to
@@ -134,8 +135,13 @@ pub struct DynamicTreeBuilder {
     keys: Vec<RankKey>,
     /// Whether no further level can change what `build` returns ([`Self::settled`]).
     settled: bool,
-    /// One request's frontier keys of every level, the scratch of [`Self::frontier_bound`].
-    bound_keys: Vec<u64>,
+    /// `[B, budget - 1]`: each request's best frontier [`score_key`]s over every level drafted
+    /// so far, ascending (best first), the first `min(K · level, budget - 1)` of each row
+    /// held. Kept as each level's frontier is chosen (a few compares: a deeper frontier
+    /// mostly scores below the row's worst), so [`Self::frontier_bound`] is one load where a
+    /// selection over every frontier would be a sort's worth of code to fetch after each
+    /// head forward.
+    best_front: Vec<u64>,
 }
 
 /// Most entries of a builder's draft mask (`batch · topk · depth · topk`, the in-place
@@ -154,8 +160,35 @@ fn keep_best(best: &mut Vec<RankKey>, k: usize, key: RankKey) {
             _ => return,
         }
     }
-    let at = best.partition_point(|b| *b < key);
-    best.insert(at, key);
+    // Shifted by hand: `Vec::insert` calls `memmove` for the few keys moved, one more
+    // function to fetch after each head forward.
+    let mut at = best.len();
+    best.push(key);
+    while at > 0 && key < best[at - 1] {
+        best[at] = best[at - 1];
+        at -= 1;
+    }
+    best[at] = key;
+}
+
+/// Records a frontier node's `key` in a row of [`DynamicTreeBuilder::best_front`] (its
+/// `row.len()` best keys ascending, of which `held` are filled): kept when it is among the
+/// best, the worst dropped when the row is full.
+#[inline]
+fn record_frontier(row: &mut [u64], held: usize, key: u64) {
+    let mut at = held.min(row.len());
+    if at == row.len() {
+        match row.last() {
+            Some(&worst) if key < worst => at -= 1,
+            _ => return, // no better than the row's worst (or no row: budget 1)
+        }
+    }
+    // Equal keys are the same bound whichever comes first.
+    while at > 0 && row[at - 1] > key {
+        row[at] = row[at - 1];
+        at -= 1;
+    }
+    row[at] = key;
 }
 
 /// `n` copies of `v`, or a ValueError when the memory cannot be reserved (a failed
@@ -242,7 +275,7 @@ impl DynamicTreeBuilder {
             next_paths: filled(paths, 0)?,
             keys: Vec::with_capacity(topk * topk),
             settled: false,
-            bound_keys: Vec::with_capacity(paths / batch),
+            best_front: filled(batch * (budget - 1), u64::MAX)?,
         })
     }
 
@@ -281,40 +314,31 @@ impl DynamicTreeBuilder {
     /// level, so the test runs only once they can fill the tree, and stops at the first
     /// running request that is not settled (a request that is not running builds its root
     /// alone whatever is drafted).
-    fn frontier_settled(&mut self) -> bool {
-        let (k, need) = (self.topk, self.budget - 1);
+    fn frontier_settled(&self) -> bool {
+        let (b, k, need) = (self.batch, self.topk, self.budget - 1);
         if need == 0 || !self.active.contains(&true) {
             return true; // every tree is the root alone
         }
         if k * self.level < need {
             return false;
         }
-        let mut keys = std::mem::take(&mut self.bound_keys);
-        let settled = (0..self.batch).filter(|&r| self.active[r]).all(|r| {
-            let bound = self.frontier_bound(r, &mut keys);
-            let current = &self.frontier[((self.level - 1) * self.batch + r) * k..][..k];
+        let current = &self.frontier[(self.level - 1) * b * k..][..b * k];
+        (0..b).filter(|&r| self.active[r]).all(|r| {
+            let bound = self.frontier_bound(r);
             let scores = &self.scores[r * self.pool..];
-            current
+            current[r * k..][..k]
                 .iter()
                 .all(|&g| score_key(scores[g as usize]) >= bound)
-        });
-        self.bound_keys = keys;
-        settled
+        })
     }
 
     /// The [`score_key`] of request `r`'s `(budget - 1)`-th best frontier node over every
-    /// level drafted so far (`keys` is scratch; needs `K · level >= budget - 1 >= 1`).
-    /// Frontier nodes are candidates, so the `(budget - 1)`-th best candidate scores at least
-    /// this: a candidate scoring less cannot be in the built tree.
-    fn frontier_bound(&self, r: usize, keys: &mut Vec<u64>) -> u64 {
-        let (b, k) = (self.batch, self.topk);
-        let scores = &self.scores[r * self.pool..];
-        keys.clear();
-        for l in 0..self.level {
-            let front = &self.frontier[(l * b + r) * k..][..k];
-            keys.extend(front.iter().map(|&g| score_key(scores[g as usize])));
-        }
-        *keys.select_nth_unstable(self.budget - 2).1
+    /// level drafted so far (needs `K · level >= budget - 1 >= 1`). Frontier nodes are
+    /// candidates, so the `(budget - 1)`-th best candidate scores at least this: a candidate
+    /// scoring less cannot be in the built tree.
+    fn frontier_bound(&self, r: usize) -> u64 {
+        let need = self.budget - 1;
+        self.best_front[r * need + need - 1]
     }
 
     /// Candidates drafted so far per request.
@@ -362,7 +386,7 @@ impl DynamicTreeBuilder {
     }
 
     /// [`Self::start`], writing the step into `out`. On an error nothing is changed.
-    pub fn start_into<R: IndexLike, T: IndexLike, S: ScoreLike, M: From<bool>>(
+    pub fn start_into<R: IndexLike, T: IndexLike, S: ScoreLike, M: From<bool> + Copy>(
         &mut self,
         root_tokens: ArrayView1<'_, R>,
         topk_tokens: ArrayView2<'_, T>,
@@ -420,15 +444,19 @@ impl DynamicTreeBuilder {
             Some(a) => self.active.copy_from_slice(a),
             None => self.active.fill(true),
         }
+        let need = self.budget - 1;
         for r in 0..b {
             self.root_tokens[r] = root_tokens[r].to_i64();
             self.prefix[r] = prefix_lens[r];
             let base = r * self.pool;
+            let best = &mut self.best_front[r * need..][..need];
             for c in 0..k {
-                self.scores[base + c] = topk_logprobs[(r, c)].to_f64();
+                let score = topk_logprobs[(r, c)].to_f64();
+                self.scores[base + c] = score;
                 self.tokens[base + c] = topk_tokens[(r, c)].to_i64();
                 self.parents[base + c] = -1;
                 self.frontier[r * k + c] = c as u32;
+                record_frontier(best, c, score_key(score));
             }
         }
         self.level = 1;
@@ -473,22 +501,25 @@ impl DynamicTreeBuilder {
 
     /// The frontier's tokens, positions and mask rows into `out` (`parent_index` is the
     /// caller's: it is known only while the frontier is chosen).
-    fn write_step<M: From<bool>>(&self, out: StepOut<'_, M>) {
-        let (b, k) = (self.batch, self.topk);
-        let current = &self.frontier[(self.level - 1) * b * k..][..b * k];
-        for r in 0..b {
-            for j in 0..k {
-                out.tokens[r * k + j] = self.tokens[r * self.pool + current[r * k + j] as usize];
-                out.positions[r * k + j] = self.prefix[r] + self.level as i64;
+    fn write_step<M: From<bool> + Copy>(&self, out: StepOut<'_, M>) {
+        let (b, k, level) = (self.batch, self.topk, self.level);
+        let current = &self.frontier[(level - 1) * b * k..][..b * k];
+        let rows = out
+            .tokens
+            .chunks_exact_mut(k)
+            .zip(out.positions.chunks_exact_mut(k));
+        for (r, ((tokens, positions), current)) in rows.zip(current.chunks_exact(k)).enumerate() {
+            let drafted = &self.tokens[r * self.pool..][..self.pool];
+            for (token, &g) in tokens.iter_mut().zip(current) {
+                *token = drafted[g as usize];
             }
+            positions.fill(self.prefix[r] + level as i64);
         }
         let paths = self.paths.chunks_exact(self.depth);
         for (row, path) in out.mask.chunks_exact_mut(out.mask_stride).zip(paths) {
-            for cell in row.iter_mut() {
-                *cell = M::from(false);
-            }
-            for (level, &slot) in path[..self.level].iter().enumerate() {
-                row[level * k + slot as usize] = M::from(true);
+            row.fill(M::from(false));
+            for (l, &slot) in path[..level].iter().enumerate() {
+                row[l * k + slot as usize] = M::from(true);
             }
         }
     }
@@ -505,13 +536,41 @@ impl DynamicTreeBuilder {
     }
 
     /// [`Self::expand`], writing the step into `out`. On an error nothing is changed.
-    pub fn expand_into<T: IndexLike, S: ScoreLike, M: From<bool>>(
+    pub fn expand_into<T: IndexLike, S: ScoreLike, M: From<bool> + Copy>(
         &mut self,
         topk_tokens: ArrayView3<'_, T>,
         topk_logprobs: ArrayView3<'_, S>,
         out: StepOut<'_, M>,
     ) -> Result<()> {
         let (b, k) = (self.batch, self.topk);
+        self.check_expandable()?;
+        for (name, d) in [
+            ("topk_tokens", topk_tokens.dim()),
+            ("topk_logprobs", topk_logprobs.dim()),
+        ] {
+            if d != (b, k, k) {
+                return Err(Error::value(
+                    name,
+                    format!("expected shape ({b}, {k}, {k}), got {d:?}"),
+                ));
+            }
+        }
+        // Borrowed when row-major already (the in-place buffers always are), else copied.
+        let (tokens, logprobs) = (
+            topk_tokens.as_standard_layout(),
+            topk_logprobs.as_standard_layout(),
+        );
+        match (tokens.as_slice(), logprobs.as_slice()) {
+            (Some(t), Some(l)) => self.expand_flat(t, l, out),
+            _ => Err(Error::value(
+                "expand",
+                "internal error: the top-k has no row-major view",
+            )),
+        }
+    }
+
+    /// Whether a level can be drafted now.
+    fn check_expandable(&self) -> Result<()> {
         if self.level == 0 {
             return Err(Error::value("expand", "call start() before expand()"));
         }
@@ -524,63 +583,71 @@ impl DynamicTreeBuilder {
                 ),
             ));
         }
-        for (name, d) in [
-            ("topk_tokens", topk_tokens.dim()),
-            ("topk_logprobs", topk_logprobs.dim()),
+        Ok(())
+    }
+
+    /// [`Self::expand_into`] on the top-k as row-major `[B, K, K]` slices: what the in-place
+    /// buffers hold. Right after a head forward every line of code a level runs is fetched
+    /// from memory again, so the level is plain slice loops, no more (stop 23 cut the in-place
+    /// call's cache misses this way). On an error nothing is changed.
+    pub fn expand_flat<T: IndexLike, S: ScoreLike, M: From<bool> + Copy>(
+        &mut self,
+        topk_tokens: &[T],
+        topk_logprobs: &[S],
+        out: StepOut<'_, M>,
+    ) -> Result<()> {
+        let (b, k) = (self.batch, self.topk);
+        let kk = k * k;
+        self.check_expandable()?;
+        for (name, len) in [
+            ("topk_tokens", topk_tokens.len()),
+            ("topk_logprobs", topk_logprobs.len()),
         ] {
-            if d != (b, k, k) {
+            if len != b * kk {
                 return Err(Error::value(
                     name,
-                    format!("expected shape ({b}, {k}, {k}), got {d:?}"),
+                    format!("expected {} entries ([{b}, {k}, {k}]), got {len}", b * kk),
                 ));
             }
         }
-        // A contiguous input (the in-place buffers always are) is checked as a plain slice:
-        // right after a head forward, ndarray's indexed iteration is more code to fetch than
-        // the check itself.
-        match topk_logprobs.as_slice() {
-            Some(flat) => {
-                for (i, &lp) in flat.iter().enumerate() {
-                    Self::check_logprob(lp.to_f64(), "topk_logprobs", || {
-                        format!("[{}, {}, {}]", i / (k * k), i / k % k, i % k)
-                    })?;
-                }
-            }
-            None => {
-                for ((r, j, c), &lp) in topk_logprobs.indexed_iter() {
-                    Self::check_logprob(lp.to_f64(), "topk_logprobs", || {
-                        format!("[{r}, {j}, {c}]")
-                    })?;
-                }
-            }
+        for (i, &lp) in topk_logprobs.iter().enumerate() {
+            Self::check_logprob(lp.to_f64(), "topk_logprobs", || {
+                format!("[{}, {}, {}]", i / kk, i / k % k, i % k)
+            })?;
         }
         self.check_out(&out, self.level + 1)?;
-        let base_step = k + (self.level - 1) * k * k;
-        let (depth, level) = (self.depth, self.level);
-        let (current, next) = self.frontier[(level - 1) * b * k..].split_at_mut(b * k);
+        let (depth, level, pool, need) = (self.depth, self.level, self.pool, self.budget - 1);
+        let base_step = k + (level - 1) * kk;
         let mut keys = std::mem::take(&mut self.keys);
         // Up to 16 children per slot, the frontier is kept sorted as the children come: a
         // few compares each, where the generic select and sort are most of a level's code.
         let few = k <= 16;
         for r in 0..b {
-            let base = r * self.pool;
+            let (front, next) = self.frontier[(level - 1) * b * k..].split_at_mut(b * k);
+            let (front, next) = (&front[r * k..][..k], &mut next[r * k..][..k]);
+            // The frontier's scores lie before this step's block.
+            let (before, step_scores) = self.scores[r * pool..][..pool].split_at_mut(base_step);
+            let step_scores = &mut step_scores[..kk];
+            let step_tokens = &mut self.tokens[r * pool + base_step..][..kk];
+            let step_parents = &mut self.parents[r * pool + base_step..][..kk];
+            let (tt, lp) = (&topk_tokens[r * kk..][..kk], &topk_logprobs[r * kk..][..kk]);
             keys.clear();
             let mut floor = f64::NEG_INFINITY;
-            for j in 0..k {
-                let f = current[r * k + j] as usize;
-                let fs = self.scores[base + f];
+            for (j, &f) in front.iter().enumerate() {
+                let fs = before[f as usize];
                 for c in 0..k {
-                    let g = base_step + j * k + c;
-                    let s = fs + topk_logprobs[(r, j, c)].to_f64();
-                    self.scores[base + g] = s;
-                    self.tokens[base + g] = topk_tokens[(r, j, c)].to_i64();
-                    self.parents[base + g] = f as i32;
+                    let i = j * k + c;
+                    let s = fs + lp[i].to_f64();
+                    step_scores[i] = s;
+                    step_tokens[i] = tt[i].to_i64();
+                    step_parents[i] = f as i32;
                     // A lower score than the worst kept ranks below it whatever the ties:
                     // most children stop at this one float compare.
                     if s < floor {
                         continue;
                     }
-                    let key = RankKey::new(s, 0, g as u32);
+                    // Ranked by step offset `i`: the pool index less a constant.
+                    let key = RankKey::new(s, 0, i as u32);
                     if few {
                         keep_best(&mut keys, k, key);
                         if keys.len() == k {
@@ -598,16 +665,21 @@ impl DynamicTreeBuilder {
                 }
                 keys[..k].sort_unstable();
             }
+            let parent_index = &mut out.parent_index[r * k..][..k];
             for (j, key) in keys[..k].iter().enumerate() {
-                let g = key.index() as usize;
-                let slot = (g - base_step) / k;
-                out.parent_index[r * k + j] = slot as i64;
-                next[r * k + j] = g as u32;
+                let i = key.index() as usize;
+                let slot = i / k;
+                parent_index[j] = slot as i64;
+                next[j] = (base_step + i) as u32;
                 // The parent's path, then this slot.
                 let src = &self.paths[(r * k + slot) * depth..][..level];
                 let dst = &mut self.next_paths[(r * k + j) * depth..][..=level];
                 dst[..level].copy_from_slice(src);
                 dst[level] = j as u32;
+            }
+            let best = &mut self.best_front[r * need..][..need];
+            for (j, key) in keys[..k].iter().enumerate() {
+                record_frontier(best, level * k + j, score_key(key.score()));
             }
         }
         self.keys = keys;
@@ -680,10 +752,10 @@ impl DynamicTreeBuilder {
         // (n-1)-th best of them scores no better than the (n-1)-th best of the pool, so only
         // candidates scoring at least as well can be chosen. The selection runs on those (in the
         // demo's 48-node trees 47 to 55 of 904), still in pool order, so ties resolve as before.
-        // Finding the bound costs a selection over the frontiers: worth it only when the pool
-        // (about K times the frontiers) is several times larger, as at K = 8, not at K = 2.
+        // The bound is kept as the frontiers are drafted (`best_front`), so pruning costs one
+        // compare a candidate: it pays at K = 2 too (stop 23: 0.90x hot at 16 nodes).
         let frontier_len = self.topk * self.level;
-        let prune = n > 1 && frontier_len >= n - 1 && m >= 4 * frontier_len;
+        let prune = n > 1 && frontier_len >= n - 1;
         let mut survivors: Vec<u32> = Vec::with_capacity(if prune { m } else { 0 });
         for r in 0..b {
             let row_index = &mut pool_index[r * (n - 1)..(r + 1) * (n - 1)];
@@ -700,7 +772,7 @@ impl DynamicTreeBuilder {
             // Pool index grows with depth, so it breaks ties towards the shallower node.
             if prune {
                 // `key <= bound` as a float compare (keys order like scores, -0.0 as 0.0).
-                let bound = score_of_key(self.frontier_bound(r, &mut scratch));
+                let bound = score_of_key(self.frontier_bound(r));
                 survivors.clear();
                 for (g, &s) in scores.iter().enumerate() {
                     if s >= bound {
@@ -960,6 +1032,10 @@ mod tests {
                     .flat_map(|l| front(l).iter().map(|&g| scores[g as usize]))
                     .collect();
                 fed.sort_by(|x, y| y.total_cmp(x));
+                if need > 0 && fed.len() >= need {
+                    // The bound kept level by level is the selection over every frontier.
+                    assert_eq!(d.frontier_bound(r), score_key(fed[need - 1]), "request {r}");
+                }
                 let best = front(d.level - 1)
                     .iter()
                     .map(|&g| scores[g as usize])
