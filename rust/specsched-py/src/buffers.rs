@@ -7,6 +7,7 @@
 //! (of the block) for everything it reads and writes: a concurrent specsched call holding any
 //! of the views is refused instead of racing, and the step pays for one borrow, not nine.
 
+use ndarray::{ArrayView2, ShapeBuilder};
 use numpy::PyArray1;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
@@ -44,6 +45,27 @@ pub struct Parts<'a> {
     pub out: StepOut<'a, u8>,
     /// `[B, budget - 1]` row-major, written by `build_in_place`.
     pub pool_index: &'a mut [i64],
+    batch: usize,
+    topk: usize,
+}
+
+impl<'a> Parts<'a> {
+    /// The root's top-k, `[:, 0, :]` of the `[B, K, K]` fields (what `start_in_place` reads):
+    /// views with a row stride of `K²`.
+    pub fn root_topk(&self) -> specsched_core::Result<(ArrayView2<'a, i64>, ArrayView2<'a, f32>)> {
+        let (b, k) = (self.batch, self.topk);
+        let rows = || (b, k).strides((k * k, 1));
+        match (
+            ArrayView2::from_shape(rows(), self.topk_tokens),
+            ArrayView2::from_shape(rows(), self.topk_logprobs),
+        ) {
+            (Ok(tokens), Ok(logprobs)) => Ok((tokens, logprobs)),
+            _ => Err(specsched_core::Error::value(
+                "buffers",
+                "internal layout error (top-k)",
+            )),
+        }
+    }
 }
 
 /// One field of the block: its numpy dtype, item size and shape (the first `ndim` dims).
@@ -149,6 +171,8 @@ impl Layout {
                 mask_stride: self.mask_stride,
             },
             pool_index,
+            batch: self.batch,
+            topk: self.topk,
         })
     }
 }

@@ -2,7 +2,7 @@
 //! and the batched EAGLE-2 `DynamicTreeBuilder`. Each entry point extracts its arrays,
 //! releases the GIL and calls one core function.
 
-use ndarray::{s, ArrayView1, ArrayView3};
+use ndarray::ArrayView1;
 use numpy::{PyArray1, PyArrayDyn, PyArrayMethods};
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
@@ -354,22 +354,10 @@ impl PyDynamicTreeBuilder {
     /// the step into `buffers`; returns `settled` (no extra call for a loop that stops on it).
     fn start_in_place(&mut self, py: Python<'_>) -> PyResult<bool> {
         let mut active = std::mem::take(&mut self.active);
-        let (b, k) = (self.inner.batch(), self.inner.topk());
         let settled = self.step_in_place(py, "start_in_place", |inner, p| {
             active.clear();
             active.extend(p.active.iter().map(|&a| a != 0));
-            // The root's top-k: `[:, 0, :]` of the `[B, K, K]` fields.
-            let topk = (b, k, k);
-            let (Ok(tt), Ok(lp)) = (
-                ArrayView3::from_shape(topk, p.topk_tokens),
-                ArrayView3::from_shape(topk, p.topk_logprobs),
-            ) else {
-                return Err(specsched_core::Error::value(
-                    "buffers",
-                    "internal layout error (top-k)",
-                ));
-            };
-            let (tt, lp) = (tt.slice_move(s![.., 0, ..]), lp.slice_move(s![.., 0, ..]));
+            let (tt, lp) = p.root_topk()?;
             let roots = ArrayView1::from(p.root_tokens);
             inner.start_into(roots, tt, lp, p.prefix_lens, Some(&active), p.out)?;
             Ok(inner.settled())
