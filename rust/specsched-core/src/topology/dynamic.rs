@@ -622,9 +622,9 @@ impl DynamicTreeBuilder {
         // Up to 16 children per slot, the frontier is kept sorted as the children come: a
         // few compares each, where the generic select and sort are most of a level's code.
         let few = k <= 16;
+        let (current, next_level) = self.frontier[(level - 1) * b * k..].split_at_mut(b * k);
         for r in 0..b {
-            let (front, next) = self.frontier[(level - 1) * b * k..].split_at_mut(b * k);
-            let (front, next) = (&front[r * k..][..k], &mut next[r * k..][..k]);
+            let (front, next) = (&current[r * k..][..k], &mut next_level[r * k..][..k]);
             // The frontier's scores lie before this step's block.
             let (before, step_scores) = self.scores[r * pool..][..pool].split_at_mut(base_step);
             let step_scores = &mut step_scores[..kk];
