@@ -35,7 +35,7 @@ def kv_compaction_plan(
     return _core.kv_compaction_plan(
         result,
         _torch.host_array(prefix_lens, "prefix_lens"),
-        None if active is None else _torch.host_array(active, "active"),
+        _torch.host_array(active, "active"),
     )
 
 
@@ -71,8 +71,7 @@ def compact_kv(
     ):
         return _compact_kv(cache, result, prefix_lens, seq_dim, batch_dim, active)
     prefix_lens = _torch.host_array(prefix_lens, "prefix_lens")
-    if active is not None:
-        active = _torch.host_array(active, "active")
+    active = _torch.host_array(active, "active")
     if _torch.is_tensor(cache):
         _torch.check_has_data(cache, "cache")
         if cache.device.type != "cpu":
