@@ -3,9 +3,10 @@
 //! Greedy choice is the argmax of a row, ties to the lowest token id; a NaN in a row that is
 //! read is an error, never a silent pick. Rows are reduced only when the verify walk visits
 //! them, so a batch with `T` nodes and vocabulary `V` reads about `B·(k+1)·V` values instead of
-//! `T·V`. The kernel keeps eight running maxima (so the compiler vectorises it) over blocks of
-//! the row, remembers the first block that raised the maximum, and rescans only that block for
-//! the first index holding the maximum.
+//! `T·V`. The kernel takes the maximum of each block of the row (several running maxima, in
+//! AVX2 where the CPU has it), remembers the first block that raised the maximum, and searches
+//! only that block for the first index holding it. f16 and bf16 rows are widened a block at a
+//! time into a stack buffer first (F16C's conversion for f16).
 //!
 //! Sampled choice processes a row as HF transformers and vLLM do (temperature, then top-k,
 //! then top-p; tie rules on [`SamplingParams`]) into unnormalized float64 weights in per-thread
@@ -24,6 +25,17 @@ pub trait Wide: Copy + PartialOrd + Send + Sync {
     const NEG_INF: Self;
     fn is_nan(self) -> bool;
     fn to_f64(self) -> f64;
+    /// The maximum of `xs` and whether it holds a NaN. `AVX2`: the caller runs with AVX2
+    /// enabled (only [`argmax`]'s AVX2 entry passes true, after asking the CPU).
+    #[inline(always)]
+    fn block_max<const AVX2: bool>(xs: &[Self]) -> (Self, bool) {
+        block_max(xs)
+    }
+    /// The first index of `v` in `xs` (`==`, so never a NaN).
+    #[inline(always)]
+    fn first_index_of<const AVX2: bool>(xs: &[Self], v: Self) -> Option<usize> {
+        first_index_of(xs, v)
+    }
 }
 
 impl Wide for f32 {
@@ -35,6 +47,25 @@ impl Wide for f32 {
     #[inline]
     fn to_f64(self) -> f64 {
         self as f64
+    }
+    #[inline(always)]
+    fn block_max<const AVX2: bool>(xs: &[f32]) -> (f32, bool) {
+        #[cfg(target_arch = "x86_64")]
+        if AVX2 {
+            // SAFETY: AVX2 is true only inside `argmax_avx2`, entered after the CPU reported
+            // AVX2.
+            return unsafe { avx2::block_max(xs) };
+        }
+        block_max(xs)
+    }
+    #[inline(always)]
+    fn first_index_of<const AVX2: bool>(xs: &[f32], v: f32) -> Option<usize> {
+        #[cfg(target_arch = "x86_64")]
+        if AVX2 {
+            // SAFETY: as for `block_max` above.
+            return unsafe { avx2::first_index_of(xs, v) };
+        }
+        first_index_of(xs, v)
     }
 }
 
@@ -57,6 +88,14 @@ pub trait Logit: Copy + Send + Sync {
     fn widen(self) -> Self::Wide;
     /// The slice itself when no widening is needed (f32, f64): the kernel then reads in place.
     fn as_wide(slice: &[Self]) -> Option<&[Self::Wide]>;
+    /// Widens `src` into `dst` (equal lengths) with branch-free per-element code, so that the
+    /// loop vectorizes. `AVX2`: as for [`Wide::block_max`].
+    #[inline(always)]
+    fn widen_slice<const AVX2: bool>(src: &[Self], dst: &mut [Self::Wide]) {
+        for (d, &s) in dst.iter_mut().zip(src) {
+            *d = s.widen();
+        }
+    }
 }
 
 impl Logit for f32 {
@@ -83,31 +122,73 @@ impl Logit for f64 {
 
 impl Logit for f16 {
     type Wide = f32;
-    #[inline]
+    #[inline(always)]
     fn widen(self) -> f32 {
-        self.to_f32()
+        f16_bits_to_f32(self.to_bits())
     }
     fn as_wide(_: &[f16]) -> Option<&[f32]> {
         None
+    }
+    #[inline(always)]
+    fn widen_slice<const AVX2: bool>(src: &[f16], dst: &mut [f32]) {
+        #[cfg(target_arch = "x86_64")]
+        if AVX2 {
+            // SAFETY: as for `Wide::block_max` of f32 (the AVX2 entry also checked F16C).
+            return unsafe { avx2::widen_f16(src, dst) };
+        }
+        for (d, &s) in dst.iter_mut().zip(src) {
+            *d = s.widen();
+        }
     }
 }
 
 impl Logit for bf16 {
     type Wide = f32;
-    #[inline]
+    #[inline(always)]
     fn widen(self) -> f32 {
-        self.to_f32()
+        // bfloat16 is the high half of a float32: exact, NaN payloads included.
+        f32::from_bits(u32::from(self.to_bits()) << 16)
     }
     fn as_wide(_: &[bf16]) -> Option<&[f32]> {
         None
     }
 }
 
+/// IEEE half-precision bits to the float32 of the same value, exactly (subnormals, infinities
+/// and NaN included), in selects rather than branches so that a slice of them vectorizes.
+/// `half`'s own conversion asks the CPU for F16C on every element, which keeps a row's loop
+/// scalar (~3 ns an element).
+#[inline(always)]
+fn f16_bits_to_f32(h: u16) -> f32 {
+    const EXP_F16: u32 = 0x7c00 << 13; // the half's exponent field, at float32's place
+    let magnitude = u32::from(h & 0x7fff) << 13;
+    let exp = magnitude & EXP_F16;
+    // Rebias the exponent (15 -> 127); infinities and NaN take float32's all-ones exponent.
+    let normal = magnitude + ((127 - 15) << 23);
+    let special = normal + ((128 - 16) << 23);
+    // Subnormals: give them the smallest normal exponent, then subtract its implicit one.
+    let subnormal = (f32::from_bits(normal + (1 << 23)) - f32::from_bits(113 << 23)).to_bits();
+    let bits = if exp == EXP_F16 {
+        special
+    } else if exp == 0 {
+        subnormal
+    } else {
+        normal
+    };
+    f32::from_bits(bits | (u32::from(h & 0x8000) << 16))
+}
+
+/// Running maxima of the portable kernel: two SSE2 vectors of f32 (the AVX2 kernel for f32
+/// is [`avx2::block_max`]).
 const LANES: usize = 8;
+/// A row is reduced in blocks: the maximum per block, then a search of the one block that
+/// first reached the row's maximum.
 const BLOCK: usize = 1024;
+/// Elements compared per step of the portable search for the maximum's first index.
+const SEARCH_CHUNK: usize = 16;
 
 /// Maximum of a block and whether it holds a NaN.
-#[inline]
+#[inline(always)]
 fn block_max<W: Wide>(xs: &[W]) -> (W, bool) {
     let mut lanes = [W::NEG_INF; LANES];
     let mut nan = false;
@@ -132,6 +213,115 @@ fn block_max<W: Wide>(xs: &[W]) -> (W, bool) {
     (m, nan)
 }
 
+/// The first index of `v` in `xs`: a chunk at a time is tested for any match (compares that
+/// vectorize), and only the chunk holding it is searched element by element.
+#[inline(always)]
+fn first_index_of<W: Wide>(xs: &[W], v: W) -> Option<usize> {
+    let mut chunks = xs.chunks_exact(SEARCH_CHUNK);
+    let mut base = 0;
+    for c in chunks.by_ref() {
+        if c.iter().fold(false, |hit, &x| hit | (x == v)) {
+            return c.iter().position(|&x| x == v).map(|i| base + i);
+        }
+        base += SEARCH_CHUNK;
+    }
+    chunks
+        .remainder()
+        .iter()
+        .position(|&x| x == v)
+        .map(|i| base + i)
+}
+
+/// The f32 kernels with AVX2 intrinsics: eight lanes a vector and four independent maxima
+/// (one accumulator would wait on its own previous `max` at every step).
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use half::f16;
+    use std::arch::x86_64::{
+        _mm256_cmp_ps, _mm256_cvtph_ps, _mm256_loadu_ps, _mm256_max_ps, _mm256_movemask_ps,
+        _mm256_or_ps, _mm256_set1_ps, _mm256_setzero_ps, _mm256_storeu_ps, _mm_loadu_si128,
+        _CMP_EQ_OQ, _CMP_UNORD_Q,
+    };
+
+    const VECTORS: usize = 4;
+    const STEP: usize = 8 * VECTORS;
+
+    /// [`super::block_max`] for f32.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    pub fn block_max(xs: &[f32]) -> (f32, bool) {
+        let mut max = [_mm256_set1_ps(f32::NEG_INFINITY); VECTORS];
+        let mut nan = _mm256_setzero_ps();
+        let mut chunks = xs.chunks_exact(STEP);
+        for c in chunks.by_ref() {
+            for (j, m) in max.iter_mut().enumerate() {
+                // SAFETY: `c` holds STEP = 8 * VECTORS floats, so the eight at 8 * j are in
+                // it; the load needs no alignment.
+                let x = unsafe { _mm256_loadu_ps(c.as_ptr().add(8 * j)) };
+                // `max(x, m)` is `x > m ? x : m`: a NaN x keeps m, and is flagged below.
+                *m = _mm256_max_ps(x, *m);
+                nan = _mm256_or_ps(nan, _mm256_cmp_ps::<_CMP_UNORD_Q>(x, x));
+            }
+        }
+        let folded = _mm256_max_ps(_mm256_max_ps(max[0], max[1]), _mm256_max_ps(max[2], max[3]));
+        let mut lanes = [0.0f32; 8];
+        // SAFETY: `lanes` has room for the eight floats stored.
+        unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), folded) };
+        let mut best = f32::NEG_INFINITY;
+        let mut any_nan = _mm256_movemask_ps(nan) != 0;
+        for &x in lanes.iter().chain(chunks.remainder()) {
+            if x > best {
+                best = x;
+            }
+            any_nan |= x.is_nan();
+        }
+        (best, any_nan)
+    }
+
+    /// f16 to f32, eight at a time with F16C's conversion (exact, as widening is).
+    #[inline]
+    #[target_feature(enable = "avx2,f16c")]
+    pub fn widen_f16(src: &[f16], dst: &mut [f32]) {
+        let mut src = src.chunks_exact(8);
+        let mut dst = dst.chunks_exact_mut(8);
+        for (s, d) in src.by_ref().zip(dst.by_ref()) {
+            // SAFETY: `s` holds eight halves (16 bytes, read without alignment) and `d` has
+            // room for eight floats.
+            unsafe {
+                let halves = _mm_loadu_si128(s.as_ptr().cast());
+                _mm256_storeu_ps(d.as_mut_ptr(), _mm256_cvtph_ps(halves));
+            }
+        }
+        for (d, &h) in dst.into_remainder().iter_mut().zip(src.remainder()) {
+            *d = super::f16_bits_to_f32(h.to_bits());
+        }
+    }
+
+    /// [`super::first_index_of`] for f32: eight compares and one mask a step.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    pub fn first_index_of(xs: &[f32], v: f32) -> Option<usize> {
+        let target = _mm256_set1_ps(v);
+        let mut chunks = xs.chunks_exact(8);
+        let mut base = 0;
+        for c in chunks.by_ref() {
+            // SAFETY: `c` holds eight floats; the load needs no alignment.
+            let x = unsafe { _mm256_loadu_ps(c.as_ptr()) };
+            // Ordered equality: what `==` is on floats (a NaN matches nothing, -0 == 0).
+            let hits = _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_EQ_OQ>(x, target));
+            if hits != 0 {
+                return Some(base + hits.trailing_zeros() as usize);
+            }
+            base += 8;
+        }
+        chunks
+            .remainder()
+            .iter()
+            .position(|&x| x == v)
+            .map(|i| base + i)
+    }
+}
+
 /// Running state of the blocked argmax.
 struct Argmax<W> {
     best: W,
@@ -140,9 +330,9 @@ struct Argmax<W> {
 
 impl<W: Wide> Argmax<W> {
     /// Folds block `b`; `Err(())` on NaN.
-    #[inline]
-    fn fold(&mut self, b: usize, xs: &[W]) -> std::result::Result<(), ()> {
-        let (m, nan) = block_max(xs);
+    #[inline(always)]
+    fn fold<const AVX2: bool>(&mut self, b: usize, xs: &[W]) -> std::result::Result<(), ()> {
+        let (m, nan) = W::block_max::<AVX2>(xs);
         if nan {
             return Err(());
         }
@@ -157,42 +347,78 @@ impl<W: Wide> Argmax<W> {
 
 /// Argmax of one row, ties to the lowest index. `None` if the row holds a NaN; the row must
 /// not be empty.
+///
+/// The kernel is compiled twice: for the build's baseline (SSE2 on x86-64) and, for x86-64 CPUs
+/// that have them, for AVX2 and F16C (f32 maxima and searches and the f16 widening in
+/// intrinsics, the bf16 widening auto-vectorized eight lanes wide); the CPU picks at run time.
 pub fn argmax<T: Logit>(row: ArrayView1<'_, T>) -> Option<usize> {
     debug_assert!(!row.is_empty());
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("f16c") {
+        // SAFETY: the CPU supports AVX2 and F16C, checked just above; that is the function's
+        // only requirement beyond its signature.
+        return unsafe { argmax_avx2(row) };
+    }
+    argmax_in::<T, false>(row)
+}
+
+/// [`argmax_in`] compiled for AVX2 and F16C (everything it calls is inlined into it).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,f16c")]
+fn argmax_avx2<T: Logit>(row: ArrayView1<'_, T>) -> Option<usize> {
+    argmax_in::<T, true>(row)
+}
+
+/// `AVX2`: called from [`argmax_avx2`] (the CPU has AVX2 and F16C).
+#[inline(always)]
+fn argmax_in<T: Logit, const AVX2: bool>(row: ArrayView1<'_, T>) -> Option<usize> {
     let mut state = Argmax {
         best: <T::Wide as Wide>::NEG_INF,
         best_block: None,
     };
-    if let Some(wide) = row.as_slice().and_then(T::as_wide) {
+    let contiguous = row.as_slice();
+    if let Some(wide) = contiguous.and_then(T::as_wide) {
         for (b, block) in wide.chunks(BLOCK).enumerate() {
-            state.fold(b, block).ok()?;
+            state.fold::<AVX2>(b, block).ok()?;
         }
         let b = state.best_block?;
         let block = &wide[b * BLOCK..((b + 1) * BLOCK).min(wide.len())];
-        let i = block.iter().position(|&x| x == state.best)?;
-        return Some(b * BLOCK + i);
+        return Some(b * BLOCK + T::Wide::first_index_of::<AVX2>(block, state.best)?);
     }
-    // Strided or narrow rows: widen a block at a time into a stack buffer.
+    // Narrow or strided rows: widen a block at a time into a stack buffer.
     let mut buf = [<T::Wide as Wide>::NEG_INF; BLOCK];
     let n = row.len();
     for b in 0..n.div_ceil(BLOCK) {
-        let len = widen_block(&row, b, &mut buf);
-        state.fold(b, &buf[..len]).ok()?;
+        let len = widen_block::<T, AVX2>(&row, contiguous, b, &mut buf);
+        state.fold::<AVX2>(b, &buf[..len]).ok()?;
     }
     let b = state.best_block?;
-    let len = widen_block(&row, b, &mut buf);
-    let i = buf[..len].iter().position(|&x| x == state.best)?;
-    Some(b * BLOCK + i)
+    let len = widen_block::<T, AVX2>(&row, contiguous, b, &mut buf);
+    Some(b * BLOCK + T::Wide::first_index_of::<AVX2>(&buf[..len], state.best)?)
 }
 
-#[inline]
-fn widen_block<T: Logit>(row: &ArrayView1<'_, T>, b: usize, buf: &mut [T::Wide; BLOCK]) -> usize {
+/// Widens block `b` of `row` (`contiguous`: the row as a slice, if it is one) into `buf`;
+/// returns the block's length.
+#[inline(always)]
+fn widen_block<T: Logit, const AVX2: bool>(
+    row: &ArrayView1<'_, T>,
+    contiguous: Option<&[T]>,
+    b: usize,
+    buf: &mut [T::Wide; BLOCK],
+) -> usize {
     let start = b * BLOCK;
     let end = (start + BLOCK).min(row.len());
-    for (dst, i) in buf.iter_mut().zip(start..end) {
-        *dst = row[i].widen();
+    let len = end - start;
+    match contiguous {
+        Some(xs) => T::widen_slice::<AVX2>(&xs[start..end], &mut buf[..len]),
+        None => {
+            let src = row.slice(ndarray::s![start..end]);
+            for (dst, &x) in buf.iter_mut().zip(src.iter()) {
+                *dst = x.widen();
+            }
+        }
     }
-    end - start
+    len
 }
 
 /// CPU logits `[rows, V]` of any supported dtype and any strides.
@@ -680,6 +906,113 @@ mod tests {
             argmax(ArrayView1::from(&hb_wide))
         );
     }
+
+    /// The naive argmax: first index of the maximum, `None` on NaN.
+    fn naive_argmax(row: &[f32]) -> Option<usize> {
+        if row.iter().any(|x| x.is_nan()) {
+            return None;
+        }
+        let m = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        row.iter().position(|&x| x == m)
+    }
+
+    #[test]
+    fn f16_widening_is_exact_for_every_bit_pattern() {
+        for bits in 0..=u16::MAX {
+            let h = f16::from_bits(bits);
+            let (got, want) = (h.widen(), h.to_f32());
+            if want.is_nan() {
+                assert!(got.is_nan(), "{bits:#06x}");
+            } else {
+                assert_eq!(got.to_bits(), want.to_bits(), "{bits:#06x}");
+            }
+            let b = bf16::from_bits(bits);
+            let (got, want) = (b.widen(), b.to_f32());
+            assert!(got.to_bits() == want.to_bits() || (got.is_nan() && want.is_nan()));
+        }
+        // The slice forms (vectorized; F16C's where the CPU has it) agree with the element
+        // form. An odd length leaves a remainder for the scalar tail.
+        let src: Vec<f16> = (0..=u16::MAX)
+            .chain([0x3c00, 0x7e01, 0x0001])
+            .map(f16::from_bits)
+            .collect();
+        let mut dst = vec![0.0f32; src.len()];
+        let same = |dst: &[f32]| {
+            src.iter()
+                .zip(dst)
+                .all(|(h, d)| h.widen().to_bits() == d.to_bits() || (h.is_nan() && d.is_nan()))
+        };
+        f16::widen_slice::<false>(&src, &mut dst);
+        assert!(same(&dst));
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("avx2")
+            && std::arch::is_x86_feature_detected!("f16c")
+        {
+            dst.fill(0.0);
+            // SAFETY: the CPU has AVX2 and F16C (checked above).
+            unsafe { avx2::widen_f16(&src, &mut dst) };
+            assert!(same(&dst));
+        }
+    }
+
+    #[test]
+    fn every_length_position_and_tie_matches_the_naive_argmax() {
+        // Lengths around the lane, search-chunk and block sizes; the maximum (and a tie after
+        // it, and a NaN) at every kind of position: first, in a lane, in the remainder, last.
+        let lengths = [
+            1, 2, 7, 15, 16, 17, 31, 32, 33, 63, 64, 65, 255, 256, 1023, 1024, 1025, 2100,
+        ];
+        let mut counter = 0u64;
+        let mut next = || {
+            counter += 1;
+            crate::rng::mix(counter) as usize
+        };
+        for &n in &lengths {
+            for trial in 0..24 {
+                let mut row: Vec<f32> = (0..n).map(|_| (next() % 1000) as f32).collect();
+                let at = next() % n;
+                row[at] = 5000.0;
+                if trial % 3 == 1 {
+                    let tie = next() % n;
+                    row[tie] = 5000.0;
+                }
+                if trial % 8 == 7 {
+                    row.iter_mut().for_each(|x| *x = f32::NEG_INFINITY);
+                }
+                let want = naive_argmax(&row);
+                assert_eq!(argmax(ArrayView1::from(&row)), want, "n={n} trial={trial}");
+                assert_eq!(
+                    argmax_in::<f32, false>(ArrayView1::from(&row)),
+                    want,
+                    "portable n={n}"
+                );
+                let wide: Vec<f64> = row.iter().map(|&x| x as f64).collect();
+                assert_eq!(argmax(ArrayView1::from(&wide)), want, "f64 n={n}");
+                let strided =
+                    Array2::from_shape_fn((n, 2), |(i, j)| if j == 0 { row[i] } else { 9e9 });
+                assert_eq!(argmax(strided.column(0)), want, "strided n={n}");
+                let half: Vec<f16> = row.iter().map(|&x| f16::from_f32(x)).collect();
+                let half_wide: Vec<f32> = half.iter().map(|x| x.to_f32()).collect();
+                assert_eq!(argmax(ArrayView1::from(&half)), naive_argmax(&half_wide));
+                assert_eq!(
+                    argmax_in::<f16, false>(ArrayView1::from(&half)),
+                    naive_argmax(&half_wide)
+                );
+                let nan_at = next() % n;
+                row[nan_at] = f32::NAN;
+                assert_eq!(
+                    argmax(ArrayView1::from(&row)),
+                    None,
+                    "NaN n={n} at {nan_at}"
+                );
+                assert_eq!(argmax_in::<f32, false>(ArrayView1::from(&row)), None);
+                let strided =
+                    Array2::from_shape_fn((n, 2), |(i, j)| if j == 0 { row[i] } else { 9e9 });
+                assert_eq!(argmax(strided.column(0)), None, "strided NaN n={n}");
+            }
+        }
+    }
+
     fn probs(row: &[f64], t: f64, k: usize, p: f64) -> Vec<f64> {
         let params = SamplingParams {
             temperature: t,
