@@ -210,3 +210,59 @@ def test_verify_logits(benchmark, vocab, contender):
     check_same(got, expected)
     # The logits were built to make the target's choice `batch.choices`.
     check_same(got, ss.verify(tree_batch, target_tokens=batch.choices))
+
+
+HALF_DTYPES = ["float16", "bfloat16"]
+
+
+@functools.cache
+def half_logits_case(vocab: int, dtype: str) -> tuple[Batch, torch.Tensor]:
+    """`logits_case` rounded to `dtype`, as a torch CPU tensor (a model's half-precision
+    output; the 10.0 at each node's choice stays its unique maximum)."""
+    batch, logits = logits_case(vocab)
+    return batch, torch.from_numpy(logits).to(getattr(torch, dtype))
+
+
+@pytest.mark.parametrize("contender", [*CONTENDERS, "numpy_argmax_peer"])
+@pytest.mark.parametrize("dtype", HALF_DTYPES)
+@pytest.mark.parametrize("vocab", VOCABS, ids=[f"V{v}" for v in VOCABS])
+def test_verify_half_logits(benchmark, vocab, dtype, contender):
+    """Half-precision logits, read in place: Rust widens a block of a visited row at a time
+    (F16C for float16). The numpy peer exists for float16 only (numpy has no bfloat16)."""
+    if contender == "numpy_argmax_peer" and dtype == "bfloat16":
+        pytest.skip("numpy has no bfloat16")
+    benchmark.group = f"verify logits B={LOGIT_TREES} N={LOGIT_NODES} V={vocab} {dtype}"
+    batch, logits = half_logits_case(vocab, dtype)
+    tree_batch = batch.tree_batch()
+    rounds = None
+    if contender == "rust":
+
+        def fn():
+            return rust_arrays(ss.verify(tree_batch, logits))
+
+    elif contender == "reference":
+        lists = batch.lists()
+        wide = logits.float().numpy()  # the rows as Python reads them; widened untimed
+        rounds = 3 if vocab <= 32000 else 1
+
+        def fn():
+            return reference_verify_logits(lists, wide)
+
+    elif contender == "torch_peer":
+        paths = TorchPaths(batch)
+        tokens = torch.from_numpy(batch.tokens)
+
+        def fn():
+            return torch_verify(paths, tokens, logits.argmax(dim=-1))
+
+    else:
+        paths = TorchPaths(batch)
+        tokens = torch.from_numpy(batch.tokens)
+        host = logits.numpy()
+
+        def fn():
+            return torch_verify(paths, tokens, torch.from_numpy(host.argmax(axis=-1)))
+
+    with torch_threads(1):
+        got = run(benchmark, fn, rounds=rounds)
+    check_same(got, ss.verify(tree_batch, target_tokens=batch.choices))
