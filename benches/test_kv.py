@@ -131,3 +131,70 @@ def test_contenders_agree(kind):
         got = cache.copy()
         contender_fn(name, got, result, prefix, batch_dim)()
         np.testing.assert_array_equal(got, expected, err_msg=name)
+
+
+# A model's whole cache as separate per-layer tensors (HF's DynamicCache): 32 layers of keys
+# and values `[B=8, heads=8, seq, dim=128]` (Llama-7B's count and head size), the batch's plan
+# applied to all 64 buffers.
+LAYERS = 32
+LAYER_SEQ = 320
+LAYER_CONTENDERS = ["rust", "rust_per_buffer", "reference", "numpy_peer"]
+
+
+@functools.cache
+def layers_case(small: bool = False):
+    """`(buffers, result, prefix_lens)`: the batch case's trees at prefixes below 256."""
+    batch = make_batch([TREE_NODES] * 8, seed=8)
+    result = ss.verify(batch.tree_batch(), target_tokens=batch.choices)
+    prefix = batch.prefix_lens % 256
+    shape = (8, 3, LAYER_SEQ, 4) if small else (8, 8, LAYER_SEQ, 128)
+    rng = np.random.default_rng(1)
+    buffers = [rng.standard_normal(shape).astype(np.float16) for _ in range(2 * LAYERS)]
+    return buffers, result, prefix
+
+
+def layers_fn(name: str, buffers: list[np.ndarray], result, prefix) -> Callable[[], None]:
+    if name == "rust":
+        return lambda: ss.compact_kv(buffers, result, prefix, SEQ_DIM, batch_dim=0)
+    if name == "rust_per_buffer":  # how a loop over the layers calls it one buffer at a time
+
+        def per_buffer() -> None:
+            for b in buffers:
+                ss.compact_kv(b, result, prefix, SEQ_DIM, batch_dim=0)
+
+        return per_buffer
+    if name == "reference":
+
+        def reference() -> None:
+            for b in buffers:
+                reference_compact(b, result, prefix, 0)
+
+        return reference
+
+    def peer() -> None:
+        for b in buffers:
+            numpy_compact(b, result, prefix)
+
+    return peer
+
+
+@pytest.mark.parametrize("contender", LAYER_CONTENDERS)
+def test_compact_kv_layers(benchmark, contender):
+    buffers, result, prefix = layers_case()
+    moves = len(ss.kv_compaction_plan(result, prefix)[-1])
+    shape = "x".join(map(str, buffers[0].shape))
+    benchmark.group = f"compact_kv {LAYERS} layers x (K, V) [{shape}] f16, {moves} moves each"
+    run(benchmark, layers_fn(contender, buffers, result, prefix))
+
+
+def test_layer_contenders_agree():
+    buffers, result, prefix = layers_case(small=True)
+    expected = [b.copy() for b in buffers]
+    for b in expected:
+        reference_compact(b, result, prefix, 0)
+    assert not np.array_equal(expected[0], buffers[0])
+    for name in ("rust", "rust_per_buffer", "numpy_peer"):
+        got = [b.copy() for b in buffers]
+        layers_fn(name, got, result, prefix)()
+        for g, e in zip(got, expected, strict=True):
+            np.testing.assert_array_equal(g, e, err_msg=name)

@@ -444,6 +444,108 @@ def test_compact_kv_is_in_place_without_copies(shape, seq_dim, order):
     assert not cache[tuple(idx)].any()
 
 
+@SETTINGS
+@given(
+    batches(6, 24, VOCAB),
+    st.randoms(use_true_random=False),
+    batch_caches(),
+    st.lists(st.integers(0, 6), min_size=6, max_size=6),
+    st.lists(
+        st.tuples(st.sampled_from(CACHE_DTYPES), st.sampled_from(LAYOUTS)), min_size=1, max_size=4
+    ),
+    st.booleans(),
+    st.integers(0, 2**32 - 1),
+)
+def test_compact_kv_of_several_buffers_equals_one_call_each(
+    batch, rnd, cache, per_request, buffers, as_tuple, seed
+):
+    """A list or tuple of buffers of one shape (any dtypes and layouts): each ends as one call
+    on it alone leaves it, in place, with the same committed lengths."""
+    rb = verified_batch(batch, rnd)
+    offsets = batch[2]
+    b = len(offsets) - 1
+    shape, bax, sax, batch_dim, seq_dim = cache
+    prefixes = per_request[:b]
+    shape[bax] = b
+    shape[sax] = max(p + e - s for p, (s, e) in zip(prefixes, pairs(offsets), strict=True))
+    rng = np.random.default_rng(seed)
+    views, bases, expected = [], [], []
+    for dtype, kind in buffers:
+        vals = values(shape, dtype, rng)
+        view, base = in_layout(vals, kind, rng)
+        views.append(view)
+        bases.append(base)
+        alone = vals.copy()
+        expected.append(alone)
+    options = {} if batch_dim is None else {"batch_dim": batch_dim}
+    if rnd.random() < 0.5:
+        options["active"] = np.array([rnd.random() < 0.6 for _ in range(b)])
+    want = [ss.compact_kv(alone, rb, np.array(prefixes), seq_dim, **options) for alone in expected]
+    got = ss.compact_kv(
+        tuple(views) if as_tuple else views, rb, np.array(prefixes), seq_dim, **options
+    )
+    assert got.tolist() == want[0].tolist()
+    for view, base, alone in zip(views, bases, expected, strict=True):
+        assert view.tobytes() == alone.tobytes()
+        assert np.shares_memory(view, base)
+
+
+def test_compact_kv_of_several_buffers_bad_input_writes_nothing():
+    """Each refusal names the entry (or the pair that may share memory) and leaves every buffer
+    as it was."""
+    r = result5()
+    keys, values_ = np.arange(24.0).reshape(8, 3), np.arange(100.0, 124.0).reshape(8, 3)
+    before = keys.copy(), values_.copy()
+
+    def refused(exc, match, caches):
+        with pytest.raises(exc, match=match):
+            ss.compact_kv(caches, r, 0, 0)
+        assert np.array_equal(keys, before[0]) and np.array_equal(values_, before[1])
+
+    read_only = values_.copy()
+    read_only.setflags(write=False)
+    refused(ValueError, "empty", [])
+    refused(ValueError, "empty", ())
+    refused(TypeError, r"cache\[1\]: expected a numpy array, got list", [keys, [[0.0] * 3] * 8])
+    refused(ValueError, r"cache\[1\]: is read-only", [keys, read_only])
+    refused(TypeError, r"cache\[1\]: dtype object", [keys, np.empty((8, 3), dtype=object)])
+    refused(ValueError, r"cache\[1\]: shape \[8, 2\] differs", [keys, values_[:, :2]])
+    refused(ValueError, "cache: sequence axis", [keys[:4], values_[:4]])  # 5 nodes > 4
+    refused(ValueError, "entries 0 and 1 may share memory", [keys, keys])
+    refused(
+        ValueError, "entries 1 and 2 may share memory", [values_[:, :2], keys[:, :2], keys[:, 1:]]
+    )
+    # Interleaved views share no element but their address ranges overlap: refused too
+    # (numpy's `may_share_memory` rule), never moved twice.
+    wide = np.arange(48.0).reshape(8, 6)
+    refused(ValueError, "may share memory", [wide[:, ::2], wide[:, 1::2]])
+    # Entirely disjoint slices of one array are fine.
+    tall = np.arange(48.0).reshape(16, 3)
+    top, bottom = tall[:8], tall[8:]
+    assert not np.may_share_memory(top, bottom)
+    alone = top.copy(), bottom.copy()
+    ss.compact_kv([top, bottom], r, 0, 0)
+    for view, copy in zip((top, bottom), alone, strict=True):
+        ss.compact_kv(copy, r, 0, 0)
+        assert np.array_equal(view, copy)
+
+
+def test_compact_kv_of_several_buffers_releases_the_gil():
+    n = 39
+    r = ss.verify(skip_tree(n), target_tokens=[2] * n)
+    caches = [np.zeros((1 << 17, 40), dtype=np.int8) for _ in range(2)]
+    for c in caches:
+        c[:, 2::2] = 5
+    ratios = []
+    for _ in range(3):
+        ratios.append(heartbeat_gap(lambda: ss.compact_kv(caches, r, 0, 1)))
+        if ratios[-1] < 0.5:
+            break
+    assert min(ratios) < 0.5, f"Python was blocked during compact_kv: {ratios}"
+    for c in caches:
+        assert np.all(c[:, :20] == [0] + [5] * 19)
+
+
 def test_compact_kv_releases_the_gil():
     """While one thread compacts a large strided cache, Python keeps running in another."""
     n = 39

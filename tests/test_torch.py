@@ -525,9 +525,61 @@ def test_device_compaction_path_on_cpu(dtype, batch_dim, seq_dim):
             list(cache.shape), result, prefix, seq_dim, bdim, active
         )
         np.testing.assert_array_equal(committed_elsewhere, committed)
-        dev = cache.clone()
+        # Two tensors of one shape (a layer's keys and values): one copy of the indices.
+        dev = [cache.clone(), (cache + 1).clone()]
         _torch.compact_on_device(dev, tuple(moves))
-        assert torch.equal(dev, host)
+        assert torch.equal(dev[0], host)
+        host_plus = cache + 1
+        ss.compact_kv(host_plus, result, prefix, seq_dim, **kwargs)
+        assert torch.equal(dev[1], host_plus)
+
+
+def test_compact_kv_of_a_list_of_cpu_tensors_and_arrays():
+    """Torch CPU tensors of any dtype (bfloat16 included) and numpy arrays in one list, one
+    plan: each ends as a call of its own leaves it, in place (no copy)."""
+    t = ss.Tree(P5, T5)
+    rb = ss.verify(ss.TreeBatch([t, t]), target_tokens=[11, 14, 0, 0, 77, 12, 0, 0, 0, 0])
+    g = torch.Generator().manual_seed(3)
+    shape = (2, 4, 9, 3)  # [B, H, S, D]
+    base = torch.randn(shape, generator=g)
+    buffers: list[Any] = [
+        base.to(d).clone() for d in (torch.float32, torch.bfloat16, torch.float16)
+    ]
+    buffers += [base.to(torch.int8).transpose(1, 2).contiguous().transpose(1, 2)]  # strided
+    buffers += [base.numpy().copy()]
+    alone = [b.clone() if isinstance(b, torch.Tensor) else b.copy() for b in buffers]
+    ptrs = [b.data_ptr() if isinstance(b, torch.Tensor) else b.ctypes.data for b in buffers]
+    got = ss.compact_kv(buffers, rb, [1, 3], seq_dim=2, batch_dim=0)
+    for one in alone:
+        want = ss.compact_kv(one, rb, [1, 3], seq_dim=2, batch_dim=0)
+        np.testing.assert_array_equal(got, want)
+    for b, one, ptr in zip(buffers, alone, ptrs, strict=True):
+        if isinstance(b, torch.Tensor):
+            assert torch.equal(b, one) and b.data_ptr() == ptr
+        else:
+            assert np.array_equal(b, one) and b.ctypes.data == ptr
+
+
+def test_cache_buffer_checks_on_tensor_descriptions():
+    """What the device path checks before any move (`_core.check_cache_buffers` on
+    `(address, shape, byte strides, itemsize)`), shown on CPU tensors."""
+    x = torch.zeros(4, 10, 6)
+    desc = _torch.buffer_description
+    _core.check_cache_buffers([desc(x[:2]), desc(x[2:])])
+    with pytest.raises(ValueError, match="entries 0 and 1 may share memory"):
+        _core.check_cache_buffers([desc(x[:3]), desc(x[1:])])
+    with pytest.raises(ValueError, match="entries 0 and 1 may share memory"):
+        _core.check_cache_buffers([desc(x[:2, :, ::2]), desc(x[:2, :, 1::2])])
+    with pytest.raises(ValueError, match=r"cache\[1\]: shape"):
+        _core.check_cache_buffers([desc(x[:2]), desc(x[2:, :5])])
+    with pytest.raises(ValueError, match="empty"):
+        _core.check_cache_buffers([])
+    # A meta tensor has no memory to describe: refused by name before any check.
+    rb = ss.verify(ss.Tree(P5, T5), target_tokens=[11, 14, 0, 0, 77])
+    keys = torch.zeros(8, 3)
+    with pytest.raises(ValueError, match=r"cache\[1\]: a tensor on the meta device"):
+        ss.compact_kv([keys, torch.zeros(8, 3, device="meta")], rb, 0, 0)
+    assert not keys.any()
 
 
 # ---------------------------------------------------------------------------------- CUDA
@@ -582,6 +634,17 @@ def test_cuda_verify_and_compact_match_cpu(dtype):
         ss.compact_kv(on_dev, want, 2, 2, batch_dim=1)
         assert on_dev.data_ptr() == ptr
         assert torch.equal(on_dev.cpu(), host)
+        # every layer's keys and values in one call: one plan, one copy of its indices
+        layers = [cache.clone() for _ in range(4)]
+        on_dev_layers = [layer.to(dev) for layer in layers]
+        ss.compact_kv(on_dev_layers, want, 2, 2, batch_dim=1)
+        for layer, moved in zip(layers, on_dev_layers, strict=True):
+            ss.compact_kv(layer, want, 2, 2, batch_dim=1)
+            assert torch.equal(moved.cpu(), layer)
+        with pytest.raises(ValueError, match="entries 0 and 1 may share memory"):
+            ss.compact_kv([on_dev, on_dev], want, 2, 2, batch_dim=1)
+        with pytest.raises(ValueError, match="host buffers"):
+            ss.compact_kv([on_dev, np.zeros(shape)], want, 2, 2, batch_dim=1)
         # single result, sequence axis first
         single = cache[:, 0].transpose(0, 1).contiguous()
         host1 = single.clone()

@@ -22,6 +22,7 @@ __all__ = [
     "VerifyResult",
     "__version__",
     "cache_moves",
+    "check_cache_buffers",
     "choose_tree",
     "commit_slots",
     "compact_kv",
@@ -277,15 +278,21 @@ def kv_compaction_plan(
     the requests that commit; the others move nothing)."""
 
 def compact_kv(
-    cache: npt.NDArray[Any],
+    cache: npt.NDArray[Any] | list[npt.NDArray[Any]] | tuple[npt.NDArray[Any], ...],
     result: VerifyResult | BatchVerifyResult,
     prefix_lens: npt.ArrayLike,
     seq_dim: int,
     batch_dim: int | None = None,
     active: npt.ArrayLike | None = None,
 ) -> int | npt.NDArray[np.int64]:
-    """Applies the compaction plan in place on a host buffer; returns the committed lengths
-    (a request not `active` moves nothing and keeps its prefix)."""
+    """Applies the compaction plan in place on a host buffer, or on each of a list or tuple of
+    them (one shape, no two sharing memory); returns the committed lengths (a request not
+    `active` moves nothing and keeps its prefix)."""
+
+def check_cache_buffers(buffers: list[tuple[int, list[int], list[int], int]]) -> None:
+    """The checks `compact_kv` makes of a list of host buffers, for buffers held elsewhere
+    given as `(address, shape, byte strides, itemsize)`: at least one, one shape, no two that
+    may share memory (ValueError naming the entries)."""
 
 def cache_moves(
     cache_shape: list[int],

@@ -52,7 +52,11 @@ def compact_kv(
 
     `cache` is a numpy array or a torch tensor (CPU or CUDA) with a sequence axis; for a
     BatchVerifyResult it also has a batch axis (`batch_dim`, default 0) with one row per
-    request, and `prefix_lens` is an int or one int per request.
+    request, and `prefix_lens` is an int or one int per request. `cache` may also be a list or
+    tuple of such buffers of one shape (a model's layers, keys and values: HF's per-layer
+    tensors), all on the host or all on one device: the plan is made once and applied to each
+    (on a device, its indices are copied there once). Buffers that may share memory are
+    refused, naming the pair; a refused call writes nothing.
 
     Returns the committed lengths `prefix + k + 1` (the accepted path, root slot included): an
     int for a VerifyResult, int64 `[B]` (host) for a batch. A target's length bookkeeping
@@ -72,16 +76,49 @@ def compact_kv(
         return _compact_kv(cache, result, prefix_lens, seq_dim, batch_dim, active)
     prefix_lens = _torch.host_array(prefix_lens, "prefix_lens")
     active = _torch.host_array(active, "active")
+    if isinstance(cache, list | tuple):
+        return _compact_all(cache, result, prefix_lens, seq_dim, batch_dim, active)
     if _torch.is_tensor(cache):
         _torch.check_has_data(cache, "cache")
         if cache.device.type != "cpu":
             req, src, dst, seq, batch, committed = _core.cache_moves(
                 list(cache.shape), result, prefix_lens, seq_dim, batch_dim, active
             )
-            _torch.compact_on_device(cache, (req, src, dst, seq, batch))
+            _torch.compact_on_device([cache], (req, src, dst, seq, batch))
             return committed
         cache = _torch.raw_cpu_view(cache)
     return _core.compact_kv(cache, result, prefix_lens, seq_dim, batch_dim, active)
+
+
+def _compact_all(
+    caches: list[Any] | tuple[Any, ...],
+    result: Result,
+    prefix_lens: Any,
+    seq_dim: int,
+    batch_dim: int | None,
+    active: Any,
+) -> Any:
+    """`compact_kv` of a list or tuple of buffers: host ones (numpy, torch CPU) in one Rust
+    call, device tensors with one plan and one copy of its indices to the device."""
+    devices = set()
+    for i, c in enumerate(caches):
+        if _torch.is_tensor(c):
+            _torch.check_has_data(c, f"cache[{i}]")
+            devices.add(c.device)
+    device = next(iter(devices)) if len(devices) == 1 else None
+    if device is None or device.type == "cpu":
+        if len(devices) > 1:
+            raise ValueError(f"cache: buffers on several devices ({sorted(map(str, devices))})")
+        host = [_torch.raw_cpu_view(c) if _torch.is_tensor(c) else c for c in caches]
+        return _core.compact_kv(host, result, prefix_lens, seq_dim, batch_dim, active)
+    if not all(_torch.is_tensor(c) for c in caches):
+        raise ValueError(f"cache: host buffers and {device} tensors in one call")
+    _core.check_cache_buffers([_torch.buffer_description(c) for c in caches])
+    req, src, dst, seq, batch, committed = _core.cache_moves(
+        list(caches[0].shape), result, prefix_lens, seq_dim, batch_dim, active
+    )
+    _torch.compact_on_device(caches, (req, src, dst, seq, batch))
+    return committed
 
 
 def commit_slots(slots: Any, result: Result) -> tuple[Any, Any]:

@@ -9,7 +9,7 @@ choices (plus a `[T]` NaN flag) cross to the host, in one transfer.
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -270,8 +270,11 @@ def device_sample(
     return out[0], out[1].astype(bool)
 
 
-def compact_on_device(cache: torch.Tensor, moves: tuple[Any, Any, Any, int, int]) -> None:
-    """Applies checked moves `(req, src, dst, seq_dim, batch_dim)` to a device tensor in place.
+def compact_on_device(
+    caches: Sequence[torch.Tensor], moves: tuple[Any, Any, Any, int, int]
+) -> None:
+    """Applies checked moves `(req, src, dst, seq_dim, batch_dim)` in place to each of `caches`
+    (device tensors of one shape, on one device): the move indices cross to the device once.
 
     The gather on the right-hand side is materialised before the write, so moves that chain
     (a later source is an earlier destination) are safe in one indexed copy.
@@ -281,22 +284,27 @@ def compact_on_device(cache: torch.Tensor, moves: tuple[Any, Any, Any, int, int]
     req, src, dst, seq_dim, batch_dim = moves
     if len(src) == 0:
         return
-    device = cache.device
-    target = cache.detach()
-    # Moving bytes needs no arithmetic: index ops on an integer view of the same width work
-    # for every dtype, float8 included (whose index_copy_ torch does not implement).
-    width = _INT_OF_SIZE.get(target.element_size())
-    if width is not None and not target.is_complex():
-        target = target.view(getattr(torch, width))
-    src_t = torch.as_tensor(src, device=device)
-    dst_t = torch.as_tensor(dst, device=device)
+    req_t, src_t, dst_t = torch.as_tensor(np.stack([req, src, dst]), device=caches[0].device)
     with torch.no_grad():
-        if batch_dim < 0:
-            target.index_copy_(seq_dim, dst_t, target.index_select(seq_dim, src_t))
-        else:
-            req_t = torch.as_tensor(req, device=device)
-            moved = target.movedim((batch_dim, seq_dim), (0, 1))
-            moved[req_t, dst_t] = moved[req_t, src_t]
+        for cache in caches:
+            target = cache.detach()
+            # Moving bytes needs no arithmetic: index ops on an integer view of the same width
+            # work for every dtype, float8 included (whose index_copy_ torch does not implement).
+            width = _INT_OF_SIZE.get(target.element_size())
+            if width is not None and not target.is_complex():
+                target = target.view(getattr(torch, width))
+            if batch_dim < 0:
+                target.index_copy_(seq_dim, dst_t, target.index_select(seq_dim, src_t))
+            else:
+                moved = target.movedim((batch_dim, seq_dim), (0, 1))
+                moved[req_t, dst_t] = moved[req_t, src_t]
+
+
+def buffer_description(t: torch.Tensor) -> tuple[int, list[int], list[int], int]:
+    """`(address, shape, byte strides, itemsize)` of a tensor's memory, as
+    `_core.check_cache_buffers` takes it."""
+    item = t.element_size()
+    return t.data_ptr(), list(t.shape), [s * item for s in t.stride()], item
 
 
 def check_has_data(t: torch.Tensor, arg: str) -> None:

@@ -13,8 +13,9 @@ new keys at its end, so the adapter keeps a per-row validity mask over the cache
   `[B, 1, n, S + n]` (0 / dtype min): the row's valid columns, then the tree's
   ancestor-or-self mask.
 - `accept`: every row's "prefix length" is `S`, so `compact_kv` moves node `a_j` from `S + a_j`
-  to `S + j` (per layer, keys and values); the cache is cropped to `S + max_b(k_b) + 1` and the
-  columns `S..S+k_b` become valid for row b. The rest of the gap stays masked for ever.
+  to `S + j` (every layer's keys and values, in one call); the cache is cropped to
+  `S + max_b(k_b) + 1` and the columns `S..S+k_b` become valid for row b. The rest of the gap
+  stays masked for ever.
 
 Positions are stored with the keys (rotary keys are rotated before caching; absolute position
 embeddings are added to the input), so gaps in the columns change nothing: row b's valid
@@ -263,9 +264,10 @@ class HFTarget:
             raise ValueError(f"result: {k.shape[0]} rows for a batch of {self.batch_size} rows")
         s = self._pending
         prefix = np.full(self.batch_size, s, dtype=np.int64)
-        for keys, values in kv_tensors(self.cache):
-            compact_kv(keys, result, prefix, seq_dim=2, batch_dim=0)
-            compact_kv(values, result, prefix, seq_dim=2, batch_dim=0)
+        # Every layer's keys and values in one call: one plan, and on a GPU one copy of its
+        # indices (two calls per layer made 2·layers plans and index copies a step).
+        buffers = [t for pair in kv_tensors(self.cache) for t in pair]
+        compact_kv(buffers, result, prefix, seq_dim=2, batch_dim=0)
         keep = int(k.max()) + 1
         crop_cache(self.cache, s + keep)
         kept = torch.arange(keep)[None, :] <= torch.from_numpy(k)[:, None]

@@ -196,6 +196,70 @@ pub fn check_cache_shape(
 /// Compactions moving fewer bytes run on the calling thread.
 const PARALLEL_MIN_BYTES: usize = 1 << 20;
 
+/// The addresses `[start, end)` that a strided buffer at `addr` spans (`strides` in bytes,
+/// possibly negative); empty (`start == end`) when the buffer has no element. Pure arithmetic
+/// on the description: the buffer is never read, so this also serves device memory.
+pub fn byte_span(
+    addr: usize,
+    shape: &[usize],
+    strides: &[isize],
+    itemsize: usize,
+) -> (usize, usize) {
+    if shape.contains(&0) {
+        return (addr, addr);
+    }
+    let (mut low, mut high) = (0isize, 0isize);
+    for (&n, &s) in shape.iter().zip(strides) {
+        let reach = (n as isize - 1) * s;
+        if reach < 0 {
+            low += reach;
+        } else {
+            high += reach;
+        }
+    }
+    (
+        addr.wrapping_add_signed(low),
+        addr.wrapping_add_signed(high) + itemsize,
+    )
+}
+
+/// The first pair of entries (by index) whose spans overlap, if any: two views of one buffer
+/// given as two caches would each get every move, so a chained plan would read entries it
+/// already overwrote. Address ranges, as `numpy.may_share_memory` compares them: two
+/// interleaved views that touch no common element are refused too.
+pub fn overlapping_pair(spans: &[(usize, usize)]) -> Option<(usize, usize)> {
+    let mut order: Vec<usize> = (0..spans.len())
+        .filter(|&i| spans[i].0 < spans[i].1)
+        .collect();
+    order.sort_unstable_by_key(|&i| spans[i].0);
+    // The entry reaching furthest so far: any later start before its end overlaps it.
+    let mut reach: Option<usize> = None;
+    for &i in &order {
+        if let Some(r) = reach {
+            if spans[i].0 < spans[r].1 {
+                return Some((r.min(i), r.max(i)));
+            }
+        }
+        if reach.is_none_or(|r| spans[i].1 > spans[r].1) {
+            reach = Some(i);
+        }
+    }
+    None
+}
+
+/// Refuses caches whose `spans` overlap ([`overlapping_pair`]), naming the first pair.
+pub fn check_disjoint(spans: &[(usize, usize)]) -> Result<()> {
+    match overlapping_pair(spans) {
+        None => Ok(()),
+        Some((i, j)) => Err(Error::value(
+            "cache",
+            format!(
+                "entries {i} and {j} may share memory (their address ranges overlap); pass each buffer once"
+            ),
+        )),
+    }
+}
+
 /// Byte offset of outer block `o` (row-major over `rest`, the axes other than seq and batch).
 #[inline]
 fn outer_offset(rest: &[(usize, isize)], mut o: usize) -> isize {
@@ -222,6 +286,14 @@ impl SharedPtr {
     fn get(self) -> *mut u8 {
         self.0
     }
+}
+
+/// The raw description of a strided buffer: address, shape, byte strides, element size.
+pub struct RawParts {
+    pub ptr: *mut u8,
+    pub shape: Vec<usize>,
+    pub strides: Vec<isize>,
+    pub itemsize: usize,
 }
 
 /// A writable strided buffer of any element type, described by raw parts.
@@ -261,6 +333,28 @@ impl StridedMut {
         Ok(buf)
     }
 
+    /// One handle per description, refused when any two may share memory
+    /// ([`check_disjoint`]): [`Self::new`]'s exclusivity forbids it, and a plan applied to both
+    /// would move an entry twice.
+    ///
+    /// # Safety
+    /// Each description must satisfy [`Self::new`]'s requirements on its own.
+    pub unsafe fn new_disjoint(parts: Vec<RawParts>) -> Result<Vec<StridedMut>> {
+        if parts.len() > 1 {
+            let spans: Vec<(usize, usize)> = parts
+                .iter()
+                .map(|p| byte_span(p.ptr as usize, &p.shape, &p.strides, p.itemsize))
+                .collect();
+            check_disjoint(&spans)?;
+        }
+        parts
+            .into_iter()
+            // SAFETY: each description is valid (the caller's promise) and no two overlap
+            // (checked above), so each handle is the only one to its memory.
+            .map(|p| unsafe { StridedMut::new(p.ptr, p.shape, p.strides, p.itemsize) })
+            .collect()
+    }
+
     pub fn shape(&self) -> &[usize] {
         &self.shape
     }
@@ -292,18 +386,20 @@ impl StridedMut {
         Ok(())
     }
 
-    /// Applies `moves` in order along `seq_dim`; `batch_dim` selects the request axis.
-    pub fn apply(
-        &mut self,
-        seq_dim: usize,
-        batch_dim: Option<usize>,
-        moves: &[Move],
-    ) -> Result<()> {
-        let ndim = self.shape.len();
-        check_axes(ndim, seq_dim, batch_dim)?;
+    /// Bytes `moves` copy in this buffer: one position of one request, every other index.
+    fn moved_bytes(&self, seq_dim: usize, batch_dim: Option<usize>, moves: &[Move]) -> usize {
+        let per_position: usize = (0..self.shape.len())
+            .filter(|&d| d != seq_dim && Some(d) != batch_dim)
+            .map(|d| self.shape[d])
+            .product();
+        moves.len() * per_position * self.itemsize
+    }
+
+    /// Checks that `moves` fit this buffer along `seq_dim` and `batch_dim`.
+    fn check_moves(&self, seq_dim: usize, batch_dim: Option<usize>, moves: &[Move]) -> Result<()> {
+        check_axes(self.shape.len(), seq_dim, batch_dim)?;
         let seq_len = self.shape[seq_dim];
         let batch_len = batch_dim.map_or(1, |d| self.shape[d]);
-        // Check every move before writing anything, so a bad plan leaves the cache untouched.
         for m in moves {
             if m.src >= seq_len || m.dst >= seq_len {
                 return Err(Error::value(
@@ -324,6 +420,19 @@ impl StridedMut {
                 ));
             }
         }
+        Ok(())
+    }
+
+    /// Applies `moves` in order along `seq_dim`; `batch_dim` selects the request axis.
+    pub fn apply(
+        &mut self,
+        seq_dim: usize,
+        batch_dim: Option<usize>,
+        moves: &[Move],
+    ) -> Result<()> {
+        // Check every move before writing anything, so a bad plan leaves the cache untouched.
+        self.check_moves(seq_dim, batch_dim, moves)?;
+        let ndim = self.shape.len();
         // The other axes: merge the innermost ones that are contiguous into one memcpy chunk.
         let mut rest: Vec<(usize, isize)> = (0..ndim)
             .filter(|&d| d != seq_dim && Some(d) != batch_dim)
@@ -388,6 +497,33 @@ impl StridedMut {
             run(0..outer);
         }
         Ok(())
+    }
+}
+
+/// Applies `moves` to each of `buffers` (one plan for a model's layers, keys and values). Every
+/// buffer is checked first, so a refused call writes nothing. Buffers that move at least
+/// `PARALLEL_MIN_BYTES` together are spread over the thread pool, one buffer a task.
+pub fn apply_all(
+    buffers: &mut [StridedMut],
+    seq_dim: usize,
+    batch_dim: Option<usize>,
+    moves: &[Move],
+) -> Result<()> {
+    for buffer in buffers.iter() {
+        buffer.check_moves(seq_dim, batch_dim, moves)?;
+    }
+    let bytes: usize = buffers
+        .iter()
+        .map(|b| b.moved_bytes(seq_dim, batch_dim, moves))
+        .sum();
+    if buffers.len() > 1 && bytes >= PARALLEL_MIN_BYTES {
+        buffers
+            .par_iter_mut()
+            .try_for_each(|b| b.apply(seq_dim, batch_dim, moves))
+    } else {
+        buffers
+            .iter_mut()
+            .try_for_each(|b| b.apply(seq_dim, batch_dim, moves))
     }
 }
 
@@ -617,6 +753,127 @@ mod tests {
             )
             .is_err());
         assert_eq!(data, before);
+    }
+
+    #[test]
+    fn spans_cover_negative_strides_and_overlaps_are_found() {
+        assert_eq!(byte_span(1000, &[3, 4], &[16, 4], 4), (1000, 1048));
+        // x[::-1]: starts at the last element, reaches back to the first.
+        assert_eq!(byte_span(1044, &[12], &[-4], 4), (1000, 1048));
+        assert_eq!(byte_span(1000, &[0, 4], &[16, 4], 4), (1000, 1000));
+        assert_eq!(overlapping_pair(&[(0, 10), (10, 20), (30, 40)]), None);
+        assert_eq!(
+            overlapping_pair(&[(30, 40), (0, 10), (5, 12)]),
+            Some((1, 2))
+        );
+        // A long first entry overlaps one that starts after a short one in between.
+        assert_eq!(
+            overlapping_pair(&[(0, 100), (10, 20), (50, 60)]),
+            Some((0, 1))
+        );
+        assert_eq!(overlapping_pair(&[(10, 20), (0, 100)]), Some((0, 1)));
+        // Empty spans overlap nothing, wherever they sit.
+        assert_eq!(overlapping_pair(&[(0, 100), (50, 50)]), None);
+    }
+
+    #[test]
+    fn one_plan_moves_every_buffer_and_aliases_are_refused() {
+        let moves = [Move {
+            req: 0,
+            src: 3,
+            dst: 1,
+        }];
+        let mut a: [u8; 8] = std::array::from_fn(|i| i as u8);
+        let mut b: [u8; 12] = std::array::from_fn(|i| 100 + i as u8);
+        // SAFETY: each description covers its own array exactly; nothing else touches them.
+        let mut bufs = unsafe {
+            vec![
+                StridedMut::new(a.as_mut_ptr(), vec![4, 2], vec![2, 1], 1).unwrap(),
+                StridedMut::new(b.as_mut_ptr(), vec![4, 3], vec![3, 1], 1).unwrap(),
+            ]
+        };
+        apply_all(&mut bufs, 0, None, &moves).unwrap();
+        assert_eq!(a, [0, 1, 6, 7, 4, 5, 6, 7]);
+        assert_eq!(b[3..6], [109, 110, 111]);
+        // A buffer too short for a move: refused before any buffer is written.
+        let (a0, b0) = (a, b);
+        let far = [Move {
+            req: 0,
+            src: 3,
+            dst: 0,
+        }];
+        let mut short = [7u8; 6];
+        // SAFETY: as above, for `a`, `b` and `short`.
+        let mut bufs = unsafe {
+            vec![
+                StridedMut::new(a.as_mut_ptr(), vec![4, 2], vec![2, 1], 1).unwrap(),
+                StridedMut::new(short.as_mut_ptr(), vec![3, 2], vec![2, 1], 1).unwrap(),
+            ]
+        };
+        assert!(apply_all(&mut bufs, 0, None, &far).is_err());
+        assert_eq!((a, short), (a0, [7u8; 6]));
+        // Two views of one array: refused by index before any handle exists.
+        let base = b.as_mut_ptr();
+        let view = |offset: usize, rows: usize| RawParts {
+            // SAFETY: within `b` (offset + rows * 3 <= 12).
+            ptr: unsafe { base.add(offset) },
+            shape: vec![rows, 3],
+            strides: vec![3, 1],
+            itemsize: 1,
+        };
+        // SAFETY: each description covers part of `b`; the call must refuse the pair.
+        let err = unsafe { StridedMut::new_disjoint(vec![view(0, 4), view(3, 2)]) }
+            .err()
+            .unwrap();
+        assert!(err.to_string().contains("entries 0 and 1"), "{err}");
+        // SAFETY: as above; these two halves do not overlap.
+        let halves = unsafe { StridedMut::new_disjoint(vec![view(6, 2), view(0, 2)]) };
+        assert_eq!(halves.map(|h| h.len()).ok(), Some(2));
+        assert_eq!(b, b0);
+    }
+
+    #[test]
+    fn many_large_buffers_move_in_parallel_as_each_would_alone() {
+        // Two buffers of 64 positions x 20 KiB: 30 moves each, 1.2 MiB together.
+        let (positions, row) = (64usize, 20 << 10);
+        let moves: Vec<Move> = (0..30)
+            .map(|j| Move {
+                req: 0,
+                src: 2 * j + 1,
+                dst: j,
+            })
+            .collect();
+        let fill = |seed: usize| -> Vec<u8> {
+            (0..positions * row)
+                .map(|i| (i / row * 31 + i % 251 + seed) as u8)
+                .collect()
+        };
+        let (mut x, mut y) = (fill(1), fill(2));
+        let (mut x_alone, mut y_alone) = (x.clone(), y.clone());
+        let handle = |v: &mut Vec<u8>| {
+            // SAFETY: the description covers `v` exactly; nothing else touches it meanwhile.
+            unsafe {
+                StridedMut::new(
+                    v.as_mut_ptr(),
+                    vec![positions, row],
+                    vec![row as isize, 1],
+                    1,
+                )
+            }
+            .unwrap()
+        };
+        let mut both = vec![handle(&mut x), handle(&mut y)];
+        assert!(
+            both.iter()
+                .map(|b| b.moved_bytes(0, None, &moves))
+                .sum::<usize>()
+                >= PARALLEL_MIN_BYTES
+        );
+        apply_all(&mut both, 0, None, &moves).unwrap();
+        handle(&mut x_alone).apply(0, None, &moves).unwrap();
+        handle(&mut y_alone).apply(0, None, &moves).unwrap();
+        assert!(x == x_alone && y == y_alone);
+        assert_ne!(x, fill(1));
     }
 
     #[test]

@@ -3,9 +3,9 @@
 use numpy::{PyArrayDescrMethods, PyUntypedArray, PyUntypedArrayMethods};
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::PyTuple;
+use pyo3::types::{PyList, PyTuple};
 
-use specsched_core::kv::{self, Move, StridedMut};
+use specsched_core::kv::{self, Move, RawParts, StridedMut};
 use specsched_core::verify::{BatchVerified, Verified};
 
 use crate::convert::{
@@ -161,8 +161,9 @@ fn axes(
     Ok((seq, batch))
 }
 
-/// Applies the compaction plan in place on a numpy buffer of any dtype and strides; returns the
-/// committed lengths (an int, or int64 `[B]`).
+/// Applies the compaction plan in place on a numpy buffer of any dtype and strides, or on each
+/// buffer of a list or tuple of them (one shape: a cache's layers, or its keys and values);
+/// returns the committed lengths (an int, or int64 `[B]`).
 #[pyfunction]
 #[pyo3(signature = (cache, result, prefix_lens, seq_dim, batch_dim=None, active=None))]
 pub fn compact_kv(
@@ -174,38 +175,99 @@ pub fn compact_kv(
     batch_dim: Option<isize>,
     active: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<Py<PyAny>> {
-    let arr = cache.cast::<PyUntypedArray>().map_err(|_| {
-        PyTypeError::new_err(format!(
-            "cache: expected a numpy array, got {}",
-            type_name(cache)
-        ))
-    })?;
+    let parts = match cache.cast::<PyUntypedArray>() {
+        Ok(arr) => vec![host_buffer(arr, "cache")?],
+        Err(_) if cache.is_instance_of::<PyList>() || cache.is_instance_of::<PyTuple>() => {
+            host_buffers(cache)?
+        }
+        Err(_) => {
+            return Err(PyTypeError::new_err(format!(
+                "cache: expected a numpy array, or a list or tuple of them, got {}",
+                type_name(cache)
+            )))
+        }
+    };
+    let result = AnyResult::extract(result)?;
+    let shape = &parts[0].shape;
+    let (seq, batch) = axes(&result, shape.len(), seq_dim, batch_dim)?;
+    let (moves, extents, committed) = plan(&result, prefix_lens, active)?;
+    kv::check_cache_shape(shape, seq, batch, &extents).py()?;
+    // SAFETY: each description comes from a live, writeable numpy array that this call holds a
+    // reference to for its whole duration; numpy guarantees every in-shape index addresses its
+    // allocation, and `new_disjoint` refuses buffers that may share memory. Like any in-place
+    // numpy operation, the caller must not use the buffers from another thread meanwhile.
+    let mut bufs = unsafe { StridedMut::new_disjoint(parts) }.py()?;
+    py.detach(|| kv::apply_all(&mut bufs, seq, batch, &moves))
+        .py()?;
+    committed.into_py(py)
+}
+
+/// The raw parts of a cache buffer, refused if compaction cannot write it in place.
+fn host_buffer(arr: &Bound<'_, PyUntypedArray>, arg: &str) -> PyResult<RawParts> {
     if !is_writeable(arr) {
-        return Err(PyValueError::new_err(
-            "cache: is read-only; compaction writes in place",
-        ));
+        return Err(PyValueError::new_err(format!(
+            "{arg}: is read-only; compaction writes in place"
+        )));
     }
     if arr.dtype().has_object() {
         // Moving object pointers as raw bytes would skip their reference counts.
         return Err(PyTypeError::new_err(format!(
-            "cache: dtype {} holds Python objects; only plain-data caches can be compacted",
+            "{arg}: dtype {} holds Python objects; only plain-data caches can be compacted",
             arr.dtype()
         )));
     }
-    let result = AnyResult::extract(result)?;
-    let (seq, batch) = axes(&result, arr.ndim(), seq_dim, batch_dim)?;
-    let (moves, extents, committed) = plan(&result, prefix_lens, active)?;
-    let shape = arr.shape().to_vec();
-    kv::check_cache_shape(&shape, seq, batch, &extents).py()?;
-    let itemsize = arr.dtype().itemsize();
-    let strides = arr.strides().to_vec();
-    // SAFETY: the pointer, shape and byte strides come from a live, writeable numpy array that
-    // this call holds a reference to for its whole duration; numpy guarantees every in-shape
-    // index addresses its allocation. Like any in-place numpy operation, the caller must not
-    // use the cache from another thread meanwhile.
-    let mut buf = unsafe { StridedMut::new(data_ptr(arr), shape, strides, itemsize) }.py()?;
-    py.detach(|| buf.apply(seq, batch, &moves)).py()?;
-    committed.into_py(py)
+    Ok(RawParts {
+        ptr: data_ptr(arr),
+        shape: arr.shape().to_vec(),
+        strides: arr.strides().to_vec(),
+        itemsize: arr.dtype().itemsize(),
+    })
+}
+
+/// The buffers of a list or tuple `cache`, each checked as one cache and of the first's shape.
+fn host_buffers(cache: &Bound<'_, PyAny>) -> PyResult<Vec<RawParts>> {
+    let mut parts: Vec<RawParts> = Vec::new();
+    for (i, item) in cache.try_iter()?.enumerate() {
+        let arg = format!("cache[{i}]");
+        let arr = item?.cast_into::<PyUntypedArray>().map_err(|e| {
+            PyTypeError::new_err(format!(
+                "{arg}: expected a numpy array, got {}",
+                type_name(e.into_inner().as_any())
+            ))
+        })?;
+        parts.push(host_buffer(&arr, &arg)?);
+    }
+    same_shape(parts.iter().map(|p| p.shape.as_slice()))?;
+    Ok(parts)
+}
+
+/// Refuses an empty list of caches, or caches of different shapes (one plan, one shape).
+fn same_shape<'a>(mut shapes: impl Iterator<Item = &'a [usize]>) -> PyResult<()> {
+    let first = shapes.next().ok_or_else(|| {
+        PyValueError::new_err("cache: an empty sequence; pass at least one buffer")
+    })?;
+    for (i, shape) in shapes.enumerate() {
+        if shape != first {
+            return Err(PyValueError::new_err(format!(
+                "cache[{}]: shape {shape:?} differs from cache[0]'s {first:?}; the buffers of one call share a shape",
+                i + 1
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// The checks `compact_kv` makes of a list of host buffers, for buffers held elsewhere (device
+/// tensors) described as `(address, shape, byte strides, itemsize)`: at least one, one shape,
+/// no two that may share memory.
+#[pyfunction]
+pub fn check_cache_buffers(buffers: Vec<(usize, Vec<usize>, Vec<isize>, usize)>) -> PyResult<()> {
+    same_shape(buffers.iter().map(|b| b.1.as_slice()))?;
+    let spans: Vec<(usize, usize)> = buffers
+        .iter()
+        .map(|(addr, shape, strides, itemsize)| kv::byte_span(*addr, shape, strides, *itemsize))
+        .collect();
+    kv::check_disjoint(&spans).py()
 }
 
 /// The moves of `compact_kv` for a cache of `cache_shape` held elsewhere (a CUDA tensor),

@@ -27,6 +27,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(kv::kv_compaction_plan, m)?)?;
     m.add_function(wrap_pyfunction!(kv::compact_kv, m)?)?;
     m.add_function(wrap_pyfunction!(kv::cache_moves, m)?)?;
+    m.add_function(wrap_pyfunction!(kv::check_cache_buffers, m)?)?;
     m.add_function(wrap_pyfunction!(kv::commit_slots, m)?)?;
     m.add_function(wrap_pyfunction!(sim::sim_chain_expected_tokens, m)?)?;
     m.add_function(wrap_pyfunction!(sim::sim_expected_tokens, m)?)?;
