@@ -626,6 +626,29 @@ def kv_cases() -> None:
         "cache",
         lambda: ss.compact_kv([[1, 2]], RESULT, 0, seq_dim=1),
     )
+    bad(
+        fn,
+        "empty list of caches",
+        ValueError,
+        "cache",
+        lambda: ss.compact_kv([], RESULT, 0, seq_dim=1),
+    )
+    bad(
+        fn,
+        "list of caches of two shapes",
+        ValueError,
+        "cache[1]",
+        lambda: ss.compact_kv([cache, cache[:, :, :2].copy()], RESULT, 0, seq_dim=1),
+        cache,
+    )
+    bad(
+        fn,
+        "one cache twice in a list",
+        ValueError,
+        "may share memory",
+        lambda: ss.compact_kv([cache, cache], RESULT, 0, seq_dim=1),
+        cache,
+    )
     bcache = np.arange(2 * 8 * 3, dtype=np.float32).reshape(2, 8, 3)
     bad(
         fn,
