@@ -3,12 +3,15 @@
 //! the result equals the gather model (`new[p + j] = old[p + a_j]` for the accepted path of
 //! every active request, every other element unchanged, so nothing outside
 //! `prefix..prefix + N` is written), the bytes around and between the elements are never
-//! touched, and a cache too short for the plan is refused with the buffer unchanged.
+//! touched, and a cache too short for the plan is refused with the buffer unchanged. The
+//! overlap test of several caches (`overlapping_pair`) agrees with the naive pairwise one.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
 use ndarray::ArrayView1;
-use specsched_core::kv::{batch_compaction_plan, compaction_plan, Move, StridedMut};
+use specsched_core::kv::{
+    batch_compaction_plan, compaction_plan, overlapping_pair, Move, StridedMut,
+};
 use specsched_core::verify::{choice_from_tokens, verify_batch};
 use specsched_core::{Tree, TreeBatch};
 use specsched_fuzz::{arb_tree, Bytes};
@@ -164,4 +167,21 @@ fuzz_target!(|data: &[u8]| {
         buf, want,
         "compaction equals the gather; nothing else is written"
     );
+
+    // Several caches in one call: the overlap test against the naive pairwise one.
+    let spans: Vec<(usize, usize)> = (0..b.below(6))
+        .map(|_| {
+            let start = b.below(64);
+            (start, start + b.below(16))
+        })
+        .collect();
+    let overlaps = |i: usize, j: usize| {
+        let ((s0, e0), (s1, e1)) = (spans[i], spans[j]);
+        s0 < e0 && s1 < e1 && s0.max(s1) < e0.min(e1)
+    };
+    let any = (0..spans.len()).any(|i| (0..i).any(|j| overlaps(i, j)));
+    match overlapping_pair(&spans) {
+        Some((i, j)) => assert!(i < j && overlaps(i, j), "{spans:?}: ({i}, {j})"),
+        None => assert!(!any, "{spans:?}: an overlap was missed"),
+    }
 });
