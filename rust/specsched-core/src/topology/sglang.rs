@@ -709,7 +709,8 @@ fn fill_rows(
     prefix: usize,
     writer: RowWriter,
     parent: &[usize],
-    anc: &[u64],
+    // Read by the x86-64 writers only: elsewhere every row is copied from its parent's.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(unused_variables))] anc: &[u64],
 ) {
     match writer {
         RowWriter::Copy => copy_rows(seg, cols, prefix, parent),
