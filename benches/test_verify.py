@@ -171,68 +171,31 @@ def reference_verify_logits(lists: dict[str, list[int]], logits: np.ndarray):
     return num_acc, nodes_out, tokens_out
 
 
-@pytest.mark.parametrize("contender", [*CONTENDERS, "numpy_argmax_peer"])
-@pytest.mark.parametrize("vocab", VOCABS, ids=[f"V{v}" for v in VOCABS])
-def test_verify_logits(benchmark, vocab, contender):
-    benchmark.group = f"verify logits B={LOGIT_TREES} N={LOGIT_NODES} V={vocab} f32"
-    batch, logits = logits_case(vocab)
-    tree_batch = batch.tree_batch()
-    rounds = None
-    if contender == "rust":
-
-        def fn():
-            return rust_arrays(ss.verify(tree_batch, logits))
-
-    elif contender == "reference":
-        lists = batch.lists()
-        rounds = 3 if vocab <= 32000 else 1  # pure-Python argmax: 50 ms / 0.3 s per call
-
-        def fn():
-            return reference_verify_logits(lists, logits)
-
-    elif contender == "torch_peer":
-        paths = TorchPaths(batch)
-        tokens, logits_t = torch.from_numpy(batch.tokens), torch.from_numpy(logits)
-
-        def fn():
-            return torch_verify(paths, tokens, logits_t.argmax(dim=-1))
-
-    else:
-        paths = TorchPaths(batch)
-        tokens = torch.from_numpy(batch.tokens)
-
-        def fn():
-            return torch_verify(paths, tokens, torch.from_numpy(logits.argmax(axis=-1)))
-
-    with torch_threads(1):
-        got = run(benchmark, fn, rounds=rounds)
-    expected = ss.verify(tree_batch, logits)
-    check_same(got, expected)
-    # The logits were built to make the target's choice `batch.choices`.
-    check_same(got, ss.verify(tree_batch, target_tokens=batch.choices))
-
-
-HALF_DTYPES = ["float16", "bfloat16"]
+DTYPES = ["float32", "float16", "bfloat16"]
 
 
 @functools.cache
-def half_logits_case(vocab: int, dtype: str) -> tuple[Batch, torch.Tensor]:
-    """`logits_case` rounded to `dtype`, as a torch CPU tensor (a model's half-precision
-    output; the 10.0 at each node's choice stays its unique maximum)."""
+def typed_logits_case(vocab: int, dtype: str) -> tuple[Batch, Any]:
+    """`logits_case` as a model hands it over: float32 as numpy, float16 and bfloat16 rounded
+    into a torch CPU tensor (the 10.0 at each node's choice stays its unique maximum)."""
     batch, logits = logits_case(vocab)
+    if dtype == "float32":
+        return batch, logits
     return batch, torch.from_numpy(logits).to(getattr(torch, dtype))
 
 
 @pytest.mark.parametrize("contender", [*CONTENDERS, "numpy_argmax_peer"])
-@pytest.mark.parametrize("dtype", HALF_DTYPES)
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("vocab", VOCABS, ids=[f"V{v}" for v in VOCABS])
-def test_verify_half_logits(benchmark, vocab, dtype, contender):
-    """Half-precision logits, read in place: Rust widens a block of a visited row at a time
-    (F16C for float16). The numpy peer exists for float16 only (numpy has no bfloat16)."""
+def test_verify_logits(benchmark, vocab, dtype, contender):
+    """Host logits read in place: Rust reduces only the visited rows (float16 widened a block
+    at a time with F16C, bfloat16 by a shift). numpy has no bfloat16, so no numpy peer there."""
     if contender == "numpy_argmax_peer" and dtype == "bfloat16":
         pytest.skip("numpy has no bfloat16")
-    benchmark.group = f"verify logits B={LOGIT_TREES} N={LOGIT_NODES} V={vocab} {dtype}"
-    batch, logits = half_logits_case(vocab, dtype)
+    short = {"float32": "f32"}.get(dtype, dtype)
+    benchmark.group = f"verify logits B={LOGIT_TREES} N={LOGIT_NODES} V={vocab} {short}"
+    batch, logits = typed_logits_case(vocab, dtype)
+    host = logits if isinstance(logits, np.ndarray) else None
     tree_batch = batch.tree_batch()
     rounds = None
     if contender == "rust":
@@ -242,8 +205,8 @@ def test_verify_half_logits(benchmark, vocab, dtype, contender):
 
     elif contender == "reference":
         lists = batch.lists()
-        wide = logits.float().numpy()  # the rows as Python reads them; widened untimed
-        rounds = 3 if vocab <= 32000 else 1
+        wide = host if host is not None else logits.float().numpy()  # widened untimed
+        rounds = 3 if vocab <= 32000 else 1  # pure-Python argmax: 50 ms / 0.3 s per call
 
         def fn():
             return reference_verify_logits(lists, wide)
@@ -251,18 +214,21 @@ def test_verify_half_logits(benchmark, vocab, dtype, contender):
     elif contender == "torch_peer":
         paths = TorchPaths(batch)
         tokens = torch.from_numpy(batch.tokens)
+        logits_t = torch.from_numpy(host) if host is not None else logits
 
         def fn():
-            return torch_verify(paths, tokens, logits.argmax(dim=-1))
+            return torch_verify(paths, tokens, logits_t.argmax(dim=-1))
 
     else:
         paths = TorchPaths(batch)
         tokens = torch.from_numpy(batch.tokens)
-        host = logits.numpy()
+        array = host if host is not None else logits.numpy()
 
         def fn():
-            return torch_verify(paths, tokens, torch.from_numpy(host.argmax(axis=-1)))
+            return torch_verify(paths, tokens, torch.from_numpy(array.argmax(axis=-1)))
 
     with torch_threads(1):
         got = run(benchmark, fn, rounds=rounds)
+    check_same(got, ss.verify(tree_batch, logits))
+    # The logits were built to make the target's choice `batch.choices`.
     check_same(got, ss.verify(tree_batch, target_tokens=batch.choices))

@@ -304,12 +304,19 @@ def batch_caches(draw):
     return shape, bax, sax, batch_dim, seq_dim
 
 
-@SETTINGS
-@given(
+# A verified batch, a cache layout for it and per-request prefixes: `(batch, rnd, cache,
+# per_request)` of the batch tests below.
+BATCH_CASE = (
     batches(6, 24, VOCAB),
     st.randoms(use_true_random=False),
     batch_caches(),
     st.lists(st.integers(0, 6), min_size=6, max_size=6),
+)
+
+
+@SETTINGS
+@given(
+    *BATCH_CASE,
     st.booleans(),
     st.sampled_from(CACHE_DTYPES),
     st.sampled_from(LAYOUTS),
@@ -446,10 +453,7 @@ def test_compact_kv_is_in_place_without_copies(shape, seq_dim, order):
 
 @SETTINGS
 @given(
-    batches(6, 24, VOCAB),
-    st.randoms(use_true_random=False),
-    batch_caches(),
-    st.lists(st.integers(0, 6), min_size=6, max_size=6),
+    *BATCH_CASE,
     st.lists(
         st.tuples(st.sampled_from(CACHE_DTYPES), st.sampled_from(LAYOUTS)), min_size=1, max_size=4
     ),
@@ -530,35 +534,25 @@ def test_compact_kv_of_several_buffers_bad_input_writes_nothing():
         assert np.array_equal(view, copy)
 
 
-def test_compact_kv_of_several_buffers_releases_the_gil():
+@pytest.mark.parametrize("buffers", [1, 2])
+def test_compact_kv_releases_the_gil(buffers):
+    """While one thread compacts a large strided cache (or two, given as a list), Python keeps
+    running in another."""
     n = 39
     r = ss.verify(skip_tree(n), target_tokens=[2] * n)
-    caches = [np.zeros((1 << 17, 40), dtype=np.int8) for _ in range(2)]
-    for c in caches:
-        c[:, 2::2] = 5
+    # seq last: one strided byte per element
+    caches = [np.zeros(((1 << 18) // buffers, 40), dtype=np.int8) for _ in range(buffers)]
+    for cache in caches:
+        cache[:, 2::2] = 5
+    arg = caches[0] if buffers == 1 else caches
     ratios = []
     for _ in range(3):
-        ratios.append(heartbeat_gap(lambda: ss.compact_kv(caches, r, 0, 1)))
+        ratios.append(heartbeat_gap(lambda: ss.compact_kv(arg, r, 0, 1)))
         if ratios[-1] < 0.5:
             break
     assert min(ratios) < 0.5, f"Python was blocked during compact_kv: {ratios}"
-    for c in caches:
-        assert np.all(c[:, :20] == [0] + [5] * 19)
-
-
-def test_compact_kv_releases_the_gil():
-    """While one thread compacts a large strided cache, Python keeps running in another."""
-    n = 39
-    r = ss.verify(skip_tree(n), target_tokens=[2] * n)
-    cache = np.zeros((1 << 18, 40), dtype=np.int8)  # seq last: one strided byte per element
-    cache[:, 2::2] = 5
-    ratios = []
-    for _ in range(3):
-        ratios.append(heartbeat_gap(lambda: ss.compact_kv(cache, r, 0, 1)))
-        if ratios[-1] < 0.5:
-            break
-    assert min(ratios) < 0.5, f"Python was blocked during compact_kv: {ratios}"
-    assert np.all(cache[:, :20] == [0] + [5] * 19)
+    for cache in caches:
+        assert np.all(cache[:, :20] == [0] + [5] * 19)
 
 
 # ------------------------------------------------------------------- compact_kv, bad input
