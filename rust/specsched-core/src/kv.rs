@@ -509,6 +509,8 @@ pub fn apply_all(
     batch_dim: Option<usize>,
     moves: &[Move],
 ) -> Result<()> {
+    // Every buffer before any is written. `apply` checks its own again (a pass over the moves,
+    // not the bytes), so the safety argument of its copies stays in one function.
     for buffer in buffers.iter() {
         buffer.check_moves(seq_dim, batch_dim, moves)?;
     }
