@@ -3,12 +3,15 @@
 //! walk; a batch gives each tree's single result; every sampled rule returns a root path whose
 //! accepted tokens are the emitted ones, a bonus inside the vocabulary, the same result when
 //! repeated (counter-based draws), and for sample-and-match the path the model walk takes on
-//! the emitted choices, each choice inside the row's top-k support.
+//! the emitted choices, each choice inside the row's top-k support. The argmax kernel on long
+//! rows of every logits format (SIMD paths included) equals the naive argmax.
 #![no_main]
 
+use half::{bf16, f16};
 use libfuzzer_sys::fuzz_target;
 use ndarray::{Array2, ArrayView1};
-use specsched_core::select::{LogitsView, ProbsView, SamplingParams};
+use specsched_core::rng::mix;
+use specsched_core::select::{argmax, LogitsView, ProbsView, SamplingParams};
 use specsched_core::verify::*;
 use specsched_core::{Tree, TreeBatch};
 use specsched_fuzz::{arb_tree, model_walk, Bytes};
@@ -179,4 +182,27 @@ fuzz_target!(|data: &[u8]| {
         let short = LogitsView::F32(logits.slice(ndarray::s![..n - 1, ..]));
         assert!(Sampled::new(short, vec![params], seed, Rule::Match, trees(), n).is_err());
     }
+
+    // The argmax kernel alone on rows long enough to cross every lane, chunk and block
+    // boundary (1024), in each format: small integers (exact in f16 and bf16, ties common),
+    // a few planted maxima, infinities and NaNs.
+    let len = 1 + b.below(2100);
+    let row_seed = b.u64();
+    let mut row: Vec<f32> = (0..len)
+        .map(|i| (mix(row_seed ^ i as u64) % 8) as f32 - 4.0)
+        .collect();
+    for _ in 0..b.below(4) {
+        let at = b.below(len);
+        row[at] = [5.0, f32::INFINITY, f32::NEG_INFINITY, f32::NAN][b.below(4)];
+    }
+    let want = model_argmax(&row).map(|i| i as usize);
+    assert_eq!(argmax(ArrayView1::from(&row)), want, "f32");
+    let halves: Vec<f16> = row.iter().map(|&x| f16::from_f32(x)).collect();
+    assert_eq!(argmax(ArrayView1::from(&halves)), want, "f16");
+    let brains: Vec<bf16> = row.iter().map(|&x| bf16::from_f32(x)).collect();
+    assert_eq!(argmax(ArrayView1::from(&brains)), want, "bf16");
+    let wide: Vec<f64> = row.iter().map(|&x| x as f64).collect();
+    assert_eq!(argmax(ArrayView1::from(&wide)), want, "f64");
+    let strided = Array2::from_shape_fn((len, 2), |(i, j)| if j == 0 { row[i] } else { 9.0 });
+    assert_eq!(argmax(strided.column(0)), want, "strided");
 });
