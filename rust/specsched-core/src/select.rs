@@ -25,15 +25,21 @@ pub trait Wide: Copy + PartialOrd + Send + Sync {
     const NEG_INF: Self;
     fn is_nan(self) -> bool;
     fn to_f64(self) -> f64;
-    /// The maximum of `xs` and whether it holds a NaN. `AVX2`: the caller runs with AVX2
-    /// enabled (only [`argmax`]'s AVX2 entry passes true, after asking the CPU).
+    /// The maximum of `xs` and whether it holds a NaN; `AVX2` picks the AVX2 kernel where
+    /// there is one ([`argmax`] passes true after asking the CPU).
+    ///
+    /// # Safety
+    /// With `AVX2 = true` the CPU must support AVX2 and F16C.
     #[inline(always)]
-    fn block_max<const AVX2: bool>(xs: &[Self]) -> (Self, bool) {
+    unsafe fn block_max<const AVX2: bool>(xs: &[Self]) -> (Self, bool) {
         block_max(xs)
     }
     /// The first index of `v` in `xs` (`==`, so never a NaN).
+    ///
+    /// # Safety
+    /// As for [`Self::block_max`].
     #[inline(always)]
-    fn first_index_of<const AVX2: bool>(xs: &[Self], v: Self) -> Option<usize> {
+    unsafe fn first_index_of<const AVX2: bool>(xs: &[Self], v: Self) -> Option<usize> {
         first_index_of(xs, v)
     }
 }
@@ -49,17 +55,16 @@ impl Wide for f32 {
         self as f64
     }
     #[inline(always)]
-    fn block_max<const AVX2: bool>(xs: &[f32]) -> (f32, bool) {
+    unsafe fn block_max<const AVX2: bool>(xs: &[f32]) -> (f32, bool) {
         #[cfg(target_arch = "x86_64")]
         if AVX2 {
-            // SAFETY: AVX2 is true only inside `argmax_avx2`, entered after the CPU reported
-            // AVX2.
+            // SAFETY: with AVX2 the CPU has AVX2 (the caller's promise).
             return unsafe { avx2::block_max(xs) };
         }
         block_max(xs)
     }
     #[inline(always)]
-    fn first_index_of<const AVX2: bool>(xs: &[f32], v: f32) -> Option<usize> {
+    unsafe fn first_index_of<const AVX2: bool>(xs: &[f32], v: f32) -> Option<usize> {
         #[cfg(target_arch = "x86_64")]
         if AVX2 {
             // SAFETY: as for `block_max` above.
@@ -89,9 +94,12 @@ pub trait Logit: Copy + Send + Sync {
     /// The slice itself when no widening is needed (f32, f64): the kernel then reads in place.
     fn as_wide(slice: &[Self]) -> Option<&[Self::Wide]>;
     /// Widens `src` into `dst` (equal lengths) with branch-free per-element code, so that the
-    /// loop vectorizes. `AVX2`: as for [`Wide::block_max`].
+    /// loop vectorizes; `AVX2` picks F16C's conversion for f16.
+    ///
+    /// # Safety
+    /// As for [`Wide::block_max`].
     #[inline(always)]
-    fn widen_slice<const AVX2: bool>(src: &[Self], dst: &mut [Self::Wide]) {
+    unsafe fn widen_slice<const AVX2: bool>(src: &[Self], dst: &mut [Self::Wide]) {
         for (d, &s) in dst.iter_mut().zip(src) {
             *d = s.widen();
         }
@@ -130,10 +138,10 @@ impl Logit for f16 {
         None
     }
     #[inline(always)]
-    fn widen_slice<const AVX2: bool>(src: &[f16], dst: &mut [f32]) {
+    unsafe fn widen_slice<const AVX2: bool>(src: &[f16], dst: &mut [f32]) {
         #[cfg(target_arch = "x86_64")]
         if AVX2 {
-            // SAFETY: as for `Wide::block_max` of f32 (the AVX2 entry also checked F16C).
+            // SAFETY: with AVX2 the CPU has AVX2 and F16C (the caller's promise).
             return unsafe { avx2::widen_f16(src, dst) };
         }
         for (d, &s) in dst.iter_mut().zip(src) {
@@ -329,10 +337,11 @@ struct Argmax<W> {
 }
 
 impl<W: Wide> Argmax<W> {
-    /// Folds block `b`; `Err(())` on NaN.
+    /// Folds block `b`; `Err(())` on NaN. `AVX2` as in [`argmax_in`].
     #[inline(always)]
     fn fold<const AVX2: bool>(&mut self, b: usize, xs: &[W]) -> std::result::Result<(), ()> {
-        let (m, nan) = W::block_max::<AVX2>(xs);
+        // SAFETY: `AVX2` is true only on `argmax_avx2`'s path (see `argmax_in`).
+        let (m, nan) = unsafe { W::block_max::<AVX2>(xs) };
         if nan {
             return Err(());
         }
@@ -369,7 +378,8 @@ fn argmax_avx2<T: Logit>(row: ArrayView1<'_, T>) -> Option<usize> {
     argmax_in::<T, true>(row)
 }
 
-/// `AVX2`: called from [`argmax_avx2`] (the CPU has AVX2 and F16C).
+/// `AVX2` is true only when called from [`argmax_avx2`], which runs after the CPU reported AVX2
+/// and F16C: the kernels' safety rests on that.
 #[inline(always)]
 fn argmax_in<T: Logit, const AVX2: bool>(row: ArrayView1<'_, T>) -> Option<usize> {
     let mut state = Argmax {
@@ -383,7 +393,9 @@ fn argmax_in<T: Logit, const AVX2: bool>(row: ArrayView1<'_, T>) -> Option<usize
         }
         let b = state.best_block?;
         let block = &wide[b * BLOCK..((b + 1) * BLOCK).min(wide.len())];
-        return Some(b * BLOCK + T::Wide::first_index_of::<AVX2>(block, state.best)?);
+        // SAFETY: `AVX2` as above.
+        let i = unsafe { T::Wide::first_index_of::<AVX2>(block, state.best) };
+        return Some(b * BLOCK + i?);
     }
     // Narrow or strided rows: widen a block at a time into a stack buffer.
     let mut buf = [<T::Wide as Wide>::NEG_INF; BLOCK];
@@ -394,7 +406,9 @@ fn argmax_in<T: Logit, const AVX2: bool>(row: ArrayView1<'_, T>) -> Option<usize
     }
     let b = state.best_block?;
     let len = widen_block::<T, AVX2>(&row, contiguous, b, &mut buf);
-    Some(b * BLOCK + T::Wide::first_index_of::<AVX2>(&buf[..len], state.best)?)
+    // SAFETY: `AVX2` as above.
+    let i = unsafe { T::Wide::first_index_of::<AVX2>(&buf[..len], state.best) };
+    Some(b * BLOCK + i?)
 }
 
 /// Widens block `b` of `row` (`contiguous`: the row as a slice, if it is one) into `buf`;
@@ -410,7 +424,8 @@ fn widen_block<T: Logit, const AVX2: bool>(
     let end = (start + BLOCK).min(row.len());
     let len = end - start;
     match contiguous {
-        Some(xs) => T::widen_slice::<AVX2>(&xs[start..end], &mut buf[..len]),
+        // SAFETY: `AVX2` as in `argmax_in`, this function's only caller.
+        Some(xs) => unsafe { T::widen_slice::<AVX2>(&xs[start..end], &mut buf[..len]) },
         None => {
             let src = row.slice(ndarray::s![start..end]);
             for (dst, &x) in buf.iter_mut().zip(src.iter()) {
@@ -942,7 +957,8 @@ mod tests {
                 .zip(dst)
                 .all(|(h, d)| h.widen().to_bits() == d.to_bits() || (h.is_nan() && d.is_nan()))
         };
-        f16::widen_slice::<false>(&src, &mut dst);
+        // SAFETY: the portable conversion needs no CPU feature.
+        unsafe { f16::widen_slice::<false>(&src, &mut dst) };
         assert!(same(&dst));
         #[cfg(target_arch = "x86_64")]
         if std::arch::is_x86_feature_detected!("avx2")
