@@ -198,3 +198,63 @@ def test_layer_contenders_agree():
         layers_fn(name, got, result, prefix)()
         for g, e in zip(got, expected, strict=True):
             np.testing.assert_array_equal(g, e, err_msg=name)
+
+
+def torch_layers_compact(buffers: list, index) -> None:
+    """The torch peer: the move indices made once (host numpy from `accepted_nodes`, one copy
+    to the device), then one gather/scatter per buffer."""
+    req, src, dst = index
+    for b in buffers:
+        b[req, :, dst] = b[req, :, src]
+
+
+DEVICES = ["cpu", "cuda"]
+
+
+@pytest.mark.parametrize("contender", ["rust", "rust_per_buffer", "torch_peer"])
+@pytest.mark.parametrize("device", DEVICES)
+def test_compact_kv_layers_torch(benchmark, device, contender):
+    """The layered cache as torch tensors: on the CPU through the host path, on a GPU (when
+    there is one) with one plan and one copy of its indices for all 64 buffers."""
+    import torch
+
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    arrays, result, prefix = layers_case()
+    buffers = [torch.from_numpy(a.copy()).to(device) for a in arrays]
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    shape = "x".join(map(str, arrays[0].shape))
+    benchmark.group = f"compact_kv {LAYERS} layers x (K, V) [{shape}] f16, torch on {device}"
+    if contender == "rust":
+
+        def fn() -> None:
+            ss.compact_kv(buffers, result, prefix, SEQ_DIM, batch_dim=0)
+            sync()
+
+    elif contender == "rust_per_buffer":
+
+        def fn() -> None:
+            for b in buffers:
+                ss.compact_kv(b, result, prefix, SEQ_DIM, batch_dim=0)
+            sync()
+
+    else:
+
+        def fn() -> None:
+            acc = result.accepted_nodes
+            pos = np.arange(acc.shape[-1])
+            req, j = np.nonzero((acc >= 0) & (acc != pos))
+            index = torch.as_tensor(
+                np.stack([req, prefix[req] + acc[req, j], prefix[req] + j]), device=device
+            )
+            torch_layers_compact(buffers, index)
+            sync()
+
+    # Checked once on fresh buffers before timing (a plan applied again moves the same bytes
+    # between the same places, but its result is not the first application's).
+    fn()
+    for a, b in zip(arrays, buffers, strict=True):
+        expected = a.copy()
+        reference_compact(expected, result, prefix, 0)
+        np.testing.assert_array_equal(b.cpu().numpy(), expected, err_msg=contender)
+    run(benchmark, fn)

@@ -99,19 +99,24 @@ def _compact_all(
     active: Any,
 ) -> Any:
     """`compact_kv` of a list or tuple of buffers: host ones (numpy, torch CPU) in one Rust
-    call, device tensors with one plan and one copy of its indices to the device."""
+    call, device tensors with one plan and one copy of its indices to the device. One pass over
+    the buffers (a layered cache has dozens), one torch call or two for each."""
+    host: list[Any] = []
     devices = set()
     for i, c in enumerate(caches):
-        if _torch.is_tensor(c):
+        if not _torch.is_tensor(c):
+            host.append(c)
+        elif c.device.type == "cpu":
+            host.append(_torch.raw_cpu_view(c))
+        else:
             _torch.check_has_data(c, f"cache[{i}]")
             devices.add(c.device)
-    device = next(iter(devices)) if len(devices) == 1 else None
-    if device is None or device.type == "cpu":
-        if len(devices) > 1:
-            raise ValueError(f"cache: buffers on several devices ({sorted(map(str, devices))})")
-        host = [_torch.raw_cpu_view(c) if _torch.is_tensor(c) else c for c in caches]
+    if not devices:
         return _core.compact_kv(host, result, prefix_lens, seq_dim, batch_dim, active)
-    if not all(_torch.is_tensor(c) for c in caches):
+    if len(devices) > 1:
+        raise ValueError(f"cache: buffers on several devices ({sorted(map(str, devices))})")
+    (device,) = devices
+    if host:
         raise ValueError(f"cache: host buffers and {device} tensors in one call")
     _core.check_cache_buffers([_torch.buffer_description(c) for c in caches])
     req, src, dst, seq, batch, committed = _core.cache_moves(
