@@ -247,9 +247,17 @@ pub fn overlapping_pair(spans: &[(usize, usize)]) -> Option<(usize, usize)> {
     None
 }
 
-/// Refuses caches whose `spans` overlap ([`overlapping_pair`]), naming the first pair.
-pub fn check_disjoint(spans: &[(usize, usize)]) -> Result<()> {
-    match overlapping_pair(spans) {
+/// Refuses buffers (host or device memory, by description) that may share memory
+/// ([`byte_span`], [`overlapping_pair`]), naming the first pair.
+pub fn check_disjoint(parts: &[RawParts]) -> Result<()> {
+    if parts.len() < 2 {
+        return Ok(());
+    }
+    let spans: Vec<(usize, usize)> = parts
+        .iter()
+        .map(|p| byte_span(p.ptr as usize, &p.shape, &p.strides, p.itemsize))
+        .collect();
+    match overlapping_pair(&spans) {
         None => Ok(()),
         Some((i, j)) => Err(Error::value(
             "cache",
@@ -340,13 +348,7 @@ impl StridedMut {
     /// # Safety
     /// Each description must satisfy [`Self::new`]'s requirements on its own.
     pub unsafe fn new_disjoint(parts: Vec<RawParts>) -> Result<Vec<StridedMut>> {
-        if parts.len() > 1 {
-            let spans: Vec<(usize, usize)> = parts
-                .iter()
-                .map(|p| byte_span(p.ptr as usize, &p.shape, &p.strides, p.itemsize))
-                .collect();
-            check_disjoint(&spans)?;
-        }
+        check_disjoint(&parts)?;
         parts
             .into_iter()
             // SAFETY: each description is valid (the caller's promise) and no two overlap
@@ -386,13 +388,15 @@ impl StridedMut {
         Ok(())
     }
 
-    /// Bytes `moves` copy in this buffer: one position of one request, every other index.
+    /// Bytes `moves` copy in this buffer: for each move that is not onto itself, one position
+    /// of one request, every other index.
     fn moved_bytes(&self, seq_dim: usize, batch_dim: Option<usize>, moves: &[Move]) -> usize {
         let per_position: usize = (0..self.shape.len())
             .filter(|&d| d != seq_dim && Some(d) != batch_dim)
             .map(|d| self.shape[d])
             .product();
-        moves.len() * per_position * self.itemsize
+        let copies = moves.iter().filter(|m| m.src != m.dst).count();
+        copies * per_position * self.itemsize
     }
 
     /// Checks that `moves` fit this buffer along `seq_dim` and `batch_dim`.
@@ -486,8 +490,7 @@ impl StridedMut {
                 }
             }
         };
-        let bytes = outer * pairs.len() * chunk;
-        if outer > 1 && bytes >= PARALLEL_MIN_BYTES {
+        if outer > 1 && self.moved_bytes(seq_dim, batch_dim, moves) >= PARALLEL_MIN_BYTES {
             let pieces = (rayon::current_num_threads() * 4).min(outer);
             let per = outer.div_ceil(pieces);
             (0..pieces)

@@ -263,11 +263,17 @@ fn same_shape<'a>(mut shapes: impl Iterator<Item = &'a [usize]>) -> PyResult<()>
 #[pyfunction]
 pub fn check_cache_buffers(buffers: Vec<(usize, Vec<usize>, Vec<isize>, usize)>) -> PyResult<()> {
     same_shape(buffers.iter().map(|b| b.1.as_slice()))?;
-    let spans: Vec<(usize, usize)> = buffers
-        .iter()
-        .map(|(addr, shape, strides, itemsize)| kv::byte_span(*addr, shape, strides, *itemsize))
+    // Descriptions only: nothing is read or written through these pointers.
+    let parts: Vec<RawParts> = buffers
+        .into_iter()
+        .map(|(addr, shape, strides, itemsize)| RawParts {
+            ptr: addr as *mut u8,
+            shape,
+            strides,
+            itemsize,
+        })
         .collect();
-    kv::check_disjoint(&spans).py()
+    kv::check_disjoint(&parts).py()
 }
 
 /// The moves of `compact_kv` for a cache of `cache_shape` held elsewhere (a CUDA tensor),
