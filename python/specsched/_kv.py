@@ -7,7 +7,6 @@ device with one indexed copy.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -82,7 +81,7 @@ def compact_kv(
     if _torch.is_tensor(cache):
         _torch.check_has_data(cache, "cache")
         if cache.device.type != "cpu":
-            return _compact_on_device([cache], result, prefix_lens, seq_dim, batch_dim, active)
+            return _compact_all([cache], result, prefix_lens, seq_dim, batch_dim, active)
         cache = _torch.raw_cpu_view(cache)
     return _core.compact_kv(cache, result, prefix_lens, seq_dim, batch_dim, active)
 
@@ -116,19 +115,6 @@ def _compact_all(
     if host:
         raise ValueError(f"cache: host buffers and {device} tensors in one call")
     _core.check_cache_buffers([_torch.buffer_description(c) for c in caches])
-    return _compact_on_device(caches, result, prefix_lens, seq_dim, batch_dim, active)
-
-
-def _compact_on_device(
-    caches: Sequence[Any],
-    result: Result,
-    prefix_lens: Any,
-    seq_dim: int,
-    batch_dim: int | None,
-    active: Any,
-) -> Any:
-    """Device tensors of one shape (checked): the plan from Rust, checked against that shape,
-    applied to each with one copy of its indices to the device; the committed lengths."""
     req, src, dst, seq, batch, committed = _core.cache_moves(
         list(caches[0].shape), result, prefix_lens, seq_dim, batch_dim, active
     )
