@@ -31,21 +31,24 @@ fn check_prefix(
     p: i64,
     num_nodes: usize,
 ) -> Result<usize> {
+    let last = num_nodes.saturating_sub(1) as i64;
+    if p >= 0 && p.checked_add(last).is_some() {
+        return Ok(p as usize);
+    }
+    // Named only on the way out: formatting on every call cost a string allocation per
+    // request of every compaction.
     let name = match index {
         Some(i) => format!("prefix_lens[{i}] = {p}"),
         None => format!("prefix_lens = {p}"),
     };
-    if p < 0 {
-        return Err(Error::value(arg, format!("{name}, must be >= 0")));
-    }
-    let last = num_nodes.saturating_sub(1) as i64;
-    if p.checked_add(last).is_none() {
-        return Err(Error::value(
+    Err(if p < 0 {
+        Error::value(arg, format!("{name}, must be >= 0"))
+    } else {
+        Error::value(
             arg,
             format!("{name}: positions up to prefix + {last} do not fit in int64"),
-        ));
-    }
-    Ok(p as usize)
+        )
+    })
 }
 
 /// Moves for one verified tree at `prefix`.
@@ -268,15 +271,18 @@ pub fn check_disjoint(parts: &[RawParts]) -> Result<()> {
     }
 }
 
-/// Byte offset of outer block `o` (row-major over `rest`, the axes other than seq and batch).
-#[inline]
-fn outer_offset(rest: &[(usize, isize)], mut o: usize) -> isize {
-    let mut off = 0isize;
-    for &(n, stride) in rest.iter().rev() {
-        off += (o % n) as isize * stride;
-        o /= n;
+/// Whether each axis of `axes` (`(|stride|, length)` by ascending stride) steps past every
+/// byte the axes before it span from one element (`itemsize` bytes): then no two indices
+/// share memory.
+fn steps_past_inner_axes(axes: impl Iterator<Item = (usize, usize)>, itemsize: usize) -> bool {
+    let mut span = itemsize; // bytes covered by the inner axes
+    for (stride, n) in axes {
+        if stride < span {
+            return false;
+        }
+        span += stride * (n - 1);
     }
-    off
+    true
 }
 
 /// The buffer pointer, shared by the threads of one compaction.
@@ -367,25 +373,31 @@ impl StridedMut {
         if self.shape.contains(&0) {
             return Ok(());
         }
-        let mut dims: Vec<(usize, usize)> = self
-            .shape
-            .iter()
-            .zip(&self.strides)
-            .filter(|(&n, _)| n > 1)
-            .map(|(&n, &s)| (s.unsigned_abs(), n))
-            .collect();
-        dims.sort_unstable();
-        let mut span = self.itemsize; // bytes covered by the inner dims
-        for (stride, n) in dims {
-            if stride < span {
-                return Err(Error::value(
-                    "cache",
-                    "has overlapping memory (a broadcast or self-overlapping view); pass a buffer that owns its elements",
-                ));
-            }
-            span += stride * (n - 1);
+        // `(|stride|, length)` of the axes that step, innermost last as numpy lays them out.
+        let axes = || {
+            self.shape
+                .iter()
+                .zip(&self.strides)
+                .filter(|(&n, _)| n > 1)
+                .map(|(&n, &s)| (s.unsigned_abs(), n))
+        };
+        // Strides ascending from the last axis (a C-ordered buffer or a view of one, every
+        // cache a decode loop passes) need no sort and no vector.
+        let disjoint = if axes().rev().map(|(s, _)| s).is_sorted() {
+            steps_past_inner_axes(axes().rev(), self.itemsize)
+        } else {
+            let mut sorted: Vec<(usize, usize)> = axes().collect();
+            sorted.sort_unstable();
+            steps_past_inner_axes(sorted.into_iter(), self.itemsize)
+        };
+        if disjoint {
+            Ok(())
+        } else {
+            Err(Error::value(
+                "cache",
+                "has overlapping memory (a broadcast or self-overlapping view); pass a buffer that owns its elements",
+            ))
         }
-        Ok(())
     }
 
     /// Bytes `moves` copy in this buffer: for each move that is not onto itself, one position
@@ -436,36 +448,48 @@ impl StridedMut {
     ) -> Result<()> {
         // Check every move before writing anything, so a bad plan leaves the cache untouched.
         self.check_moves(seq_dim, batch_dim, moves)?;
-        let ndim = self.shape.len();
-        // The other axes: merge the innermost ones that are contiguous into one memcpy chunk.
-        let mut rest: Vec<(usize, isize)> = (0..ndim)
-            .filter(|&d| d != seq_dim && Some(d) != batch_dim)
-            .map(|d| (self.shape[d], self.strides[d]))
-            .collect();
-        if rest.iter().any(|&(n, _)| n == 0) {
+        // A move onto itself is a no-op (plans never list one, but `moves` is any caller's);
+        // dropping it keeps every copy below between disjoint ranges. A plan with nothing to
+        // move (the accepted path already in place) allocates and touches nothing.
+        if moves.iter().all(|m| m.src == m.dst) {
             return Ok(());
         }
-        let mut chunk = self.itemsize;
-        while let Some(&(n, s)) = rest.last() {
-            if s == chunk as isize {
-                chunk *= n;
-                rest.pop();
-            } else {
+        let (shape, strides) = (&self.shape[..], &self.strides[..]);
+        let other = |d: &usize| *d != seq_dim && Some(*d) != batch_dim;
+        if (0..shape.len()).filter(other).any(|d| shape[d] == 0) {
+            return Ok(());
+        }
+        // The other axes, innermost first: those contiguous with the element merge into one
+        // memcpy chunk; the rest, below `outer_end`, number the outer blocks.
+        let (mut chunk, mut outer_end) = (self.itemsize, shape.len());
+        for d in (0..shape.len()).rev().filter(other) {
+            if strides[d] != chunk as isize {
                 break;
             }
+            chunk *= shape[d];
+            outer_end = d;
         }
-        let outer: usize = rest.iter().map(|&(n, _)| n).product();
+        let outer_axes = || (0..outer_end).filter(other);
+        let outer: usize = outer_axes().map(|d| shape[d]).product();
+        // Byte offset of outer block `o` (row-major over the outer axes).
+        let outer_offset = |mut o: usize| {
+            let mut off = 0isize;
+            for d in outer_axes().rev() {
+                off += (o % shape[d]) as isize * strides[d];
+                o /= shape[d];
+            }
+            off
+        };
         // Byte offsets of every move's source and destination within one outer block.
-        // A move onto itself is a no-op (plans never list one, but `moves` is any caller's);
-        // dropping it keeps every copy below between disjoint ranges.
+        let (seq_stride, batch_stride) = (strides[seq_dim], batch_dim.map_or(0, |d| strides[d]));
         let pairs: Vec<(isize, isize)> = moves
             .iter()
             .filter(|m| m.src != m.dst)
             .map(|m| {
-                let base = m.req as isize * batch_dim.map_or(0, |d| self.strides[d]);
+                let base = m.req as isize * batch_stride;
                 (
-                    base + m.src as isize * self.strides[seq_dim],
-                    base + m.dst as isize * self.strides[seq_dim],
+                    base + m.src as isize * seq_stride,
+                    base + m.dst as isize * seq_stride,
                 )
             })
             .collect();
@@ -474,7 +498,7 @@ impl StridedMut {
         let ptr = SharedPtr(self.ptr);
         let run = |blocks: std::ops::Range<usize>| {
             for o in blocks {
-                let off = outer_offset(&rest, o);
+                let off = outer_offset(o);
                 for &(src, dst) in &pairs {
                     // SAFETY: every index is within `shape` (moves checked above, `o < outer`),
                     // so both ranges lie inside the buffer `new` was promised; src and dst
@@ -758,6 +782,70 @@ mod tests {
             )
             .is_err());
         assert_eq!(data, before);
+    }
+
+    /// Every layout of up to three axes of lengths 1..=3 over a few strides (negative, zero,
+    /// interleaved, in every axis order): the unsorted fast path of `check_no_self_overlap`
+    /// answers as sorting the axes does, and a layout it accepts has no two elements sharing a
+    /// byte.
+    #[test]
+    fn self_overlap_check_needs_no_sort_in_axis_order_and_is_sound() {
+        let sorted_check = |shape: &[usize], strides: &[isize], itemsize: usize| {
+            let mut axes: Vec<(usize, usize)> = shape
+                .iter()
+                .zip(strides)
+                .filter(|(&n, _)| n > 1)
+                .map(|(&n, &s)| (s.unsigned_abs(), n))
+                .collect();
+            axes.sort_unstable();
+            shape.contains(&0) || steps_past_inner_axes(axes.into_iter(), itemsize)
+        };
+        let strides_pool = [-24isize, -8, -4, 0, 4, 8, 12, 16, 24, 48];
+        let mut layouts = 0;
+        for ndim in 1..=3usize {
+            for lens in 0..3usize.pow(ndim as u32) {
+                let shape: Vec<usize> = (0..ndim)
+                    .map(|d| lens / 3usize.pow(d as u32) % 3 + 1)
+                    .collect();
+                for pick in 0..strides_pool.len().pow(ndim as u32) {
+                    let strides: Vec<isize> = (0..ndim)
+                        .map(|d| {
+                            strides_pool
+                                [pick / strides_pool.len().pow(d as u32) % strides_pool.len()]
+                        })
+                        .collect();
+                    let mut data = [0u8; 1];
+                    // SAFETY: `new` only checks the description; nothing is read or written
+                    // through the pointer (the handle is dropped unused).
+                    let made = unsafe {
+                        StridedMut::new(data.as_mut_ptr(), shape.clone(), strides.clone(), 4)
+                    };
+                    assert_eq!(
+                        made.is_ok(),
+                        sorted_check(&shape, &strides, 4),
+                        "{shape:?} {strides:?}"
+                    );
+                    if made.is_ok() {
+                        let mut starts = Vec::new();
+                        for flat in 0..shape.iter().product::<usize>() {
+                            let (mut rest, mut at) = (flat, 0isize);
+                            for d in (0..ndim).rev() {
+                                at += (rest % shape[d]) as isize * strides[d];
+                                rest /= shape[d];
+                            }
+                            starts.push(at);
+                        }
+                        starts.sort_unstable();
+                        assert!(
+                            starts.windows(2).all(|w| w[1] - w[0] >= 4),
+                            "{shape:?} {strides:?}"
+                        );
+                    }
+                    layouts += 1;
+                }
+            }
+        }
+        assert_eq!(layouts, 3 * 10 + 9 * 100 + 27 * 1000);
     }
 
     #[test]

@@ -176,7 +176,7 @@ pub fn compact_kv(
     active: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<Py<PyAny>> {
     let parts = match cache.cast::<PyUntypedArray>() {
-        Ok(arr) => vec![host_buffer(arr, "cache")?],
+        Ok(arr) => vec![host_buffer(arr, None)?],
         Err(_) if cache.is_instance_of::<PyList>() || cache.is_instance_of::<PyTuple>() => {
             host_buffers(cache)?
         }
@@ -202,17 +202,25 @@ pub fn compact_kv(
     committed.into_py(py)
 }
 
-/// The raw parts of a cache buffer, refused if compaction cannot write it in place.
-fn host_buffer(arr: &Bound<'_, PyUntypedArray>, arg: &str) -> PyResult<RawParts> {
+/// The name of the cache argument in messages: `cache`, or `cache[i]` for entry `i` of a list.
+fn cache_arg(index: Option<usize>) -> String {
+    index.map_or_else(|| "cache".to_owned(), |i| format!("cache[{i}]"))
+}
+
+/// The raw parts of a cache buffer (entry `index` of a list, or the one buffer), refused if
+/// compaction cannot write it in place.
+fn host_buffer(arr: &Bound<'_, PyUntypedArray>, index: Option<usize>) -> PyResult<RawParts> {
     if !is_writeable(arr) {
         return Err(PyValueError::new_err(format!(
-            "{arg}: is read-only; compaction writes in place"
+            "{}: is read-only; compaction writes in place",
+            cache_arg(index)
         )));
     }
     if arr.dtype().has_object() {
         // Moving object pointers as raw bytes would skip their reference counts.
         return Err(PyTypeError::new_err(format!(
-            "{arg}: dtype {} holds Python objects; only plain-data caches can be compacted",
+            "{}: dtype {} holds Python objects; only plain-data caches can be compacted",
+            cache_arg(index),
             arr.dtype()
         )));
     }
@@ -228,14 +236,13 @@ fn host_buffer(arr: &Bound<'_, PyUntypedArray>, arg: &str) -> PyResult<RawParts>
 fn host_buffers(cache: &Bound<'_, PyAny>) -> PyResult<Vec<RawParts>> {
     let mut parts: Vec<RawParts> = Vec::new();
     for (i, item) in cache.try_iter()?.enumerate() {
-        let arg = format!("cache[{i}]");
         let arr = item?.cast_into::<PyUntypedArray>().map_err(|e| {
             PyTypeError::new_err(format!(
-                "{arg}: expected a numpy array, got {}",
+                "cache[{i}]: expected a numpy array, got {}",
                 type_name(e.into_inner().as_any())
             ))
         })?;
-        parts.push(host_buffer(&arr, &arg)?);
+        parts.push(host_buffer(&arr, Some(i))?);
     }
     same_shape(parts.iter().map(|p| p.shape.as_slice()))?;
     Ok(parts)
