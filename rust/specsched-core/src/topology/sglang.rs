@@ -792,6 +792,79 @@ mod spread {
         }
     }
 
+    /// Spreads a 64-bit word to 64 bytes with AVX2: byte `j` is bit `j` (0 or 1).
+    #[derive(Clone, Copy)]
+    struct Spread {
+        /// `vpshufb` indices of the low and high 32 bytes: byte `k` takes byte `k / 8`
+        /// (`4 + k / 8`) of the word, broadcast to every 16-byte lane (`vpshufb` picks within
+        /// a lane).
+        lo: __m256i,
+        hi: __m256i,
+        /// Bit `k % 8` of byte `k`.
+        bit: __m256i,
+        ones: __m256i,
+    }
+
+    impl Spread {
+        #[target_feature(enable = "avx2")]
+        fn new() -> Self {
+            let [lo, hi] = [0i8, 4].map(|b| {
+                _mm256_setr_epi8(
+                    b,
+                    b,
+                    b,
+                    b,
+                    b,
+                    b,
+                    b,
+                    b,
+                    b + 1,
+                    b + 1,
+                    b + 1,
+                    b + 1,
+                    b + 1,
+                    b + 1,
+                    b + 1,
+                    b + 1,
+                    b + 2,
+                    b + 2,
+                    b + 2,
+                    b + 2,
+                    b + 2,
+                    b + 2,
+                    b + 2,
+                    b + 2,
+                    b + 3,
+                    b + 3,
+                    b + 3,
+                    b + 3,
+                    b + 3,
+                    b + 3,
+                    b + 3,
+                    b + 3,
+                )
+            });
+            Self {
+                lo,
+                hi,
+                bit: _mm256_set1_epi64x(0x8040_2010_0804_0201_u64 as i64),
+                ones: _mm256_set1_epi8(1),
+            }
+        }
+
+        /// Bytes `0..32` and `32..64` of `word` spread. One broadcast serves both halves, and
+        /// a kept bit becomes 1 by an unsigned min (a compare and a mask otherwise).
+        #[target_feature(enable = "avx2")]
+        fn halves(self, word: u64) -> (__m256i, __m256i) {
+            let word = _mm256_set1_epi64x(word as i64);
+            let half = |pick| {
+                let kept = _mm256_and_si256(_mm256_shuffle_epi8(word, pick), self.bit);
+                _mm256_min_epu8(kept, self.ones)
+            };
+            (half(self.lo), half(self.hi))
+        }
+    }
+
     /// [`super::fill_rows`] from the ancestor words `words` with AVX2: `words.len()` rows of
     /// `cols` bytes, `prefix` Trues then the tree part (`cols - prefix <= 64` nodes), byte `j`
     /// of which is bit `j` of the row's word. `seg` may hold several requests' rows back to
@@ -808,19 +881,7 @@ mod spread {
     pub(super) unsafe fn rows_avx2(seg: &mut [bool], cols: usize, prefix: usize, words: &[u64]) {
         let width = cols.saturating_sub(prefix);
         assert!((1..=64).contains(&width) && seg.len() == words.len() * cols);
-        // Byte `k` of a 32-byte half takes byte `k / 8` of the half's 32 bits (`vpshufb` picks
-        // within each 16-byte lane, so the upper lane's indices 2 and 3 address the same
-        // broadcast dword), then keeps bit `k % 8` of it.
-        let spread = _mm256_setr_epi8(
-            0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3,
-            3, 3, 3,
-        );
-        let bit = _mm256_set1_epi64x(0x8040_2010_0804_0201_u64 as i64);
-        let ones = _mm256_set1_epi8(1);
-        let bytes = |half: u32| {
-            let picked = _mm256_shuffle_epi8(_mm256_set1_epi32(half as i32), spread);
-            _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(picked, bit), bit), ones)
-        };
+        let spread = Spread::new();
         let base = seg.as_mut_ptr();
         for (i, &w) in words.iter().enumerate() {
             let row = i * cols;
@@ -828,7 +889,7 @@ mod spread {
                 // A call to `memset` otherwise, for nothing, on every row of a QLEN mask.
                 seg[row..row + prefix].fill(true);
             }
-            let (lo, hi) = (bytes(w as u32), bytes((w >> 32) as u32));
+            let (lo, hi) = spread.halves(w);
             let at = row + prefix;
             if at + 64 <= seg.len() {
                 // SAFETY: `seg[at..at + 64]` is in bounds (checked above); unaligned stores are
