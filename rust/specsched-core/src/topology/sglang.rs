@@ -808,41 +808,10 @@ mod spread {
     impl Spread {
         #[target_feature(enable = "avx2")]
         fn new() -> Self {
-            let [lo, hi] = [0i8, 4].map(|b| {
-                _mm256_setr_epi8(
-                    b,
-                    b,
-                    b,
-                    b,
-                    b,
-                    b,
-                    b,
-                    b,
-                    b + 1,
-                    b + 1,
-                    b + 1,
-                    b + 1,
-                    b + 1,
-                    b + 1,
-                    b + 1,
-                    b + 1,
-                    b + 2,
-                    b + 2,
-                    b + 2,
-                    b + 2,
-                    b + 2,
-                    b + 2,
-                    b + 2,
-                    b + 2,
-                    b + 3,
-                    b + 3,
-                    b + 3,
-                    b + 3,
-                    b + 3,
-                    b + 3,
-                    b + 3,
-                    b + 3,
-                )
+            let [lo, hi] = [0i8, 4].map(|first| {
+                let pick: [i8; 32] = std::array::from_fn(|k| first + (k / 8) as i8);
+                // SAFETY: `pick` holds the 32 bytes read; unaligned loads are allowed.
+                unsafe { _mm256_loadu_si256(pick.as_ptr().cast()) }
             });
             Self {
                 lo,
