@@ -238,7 +238,8 @@ fn host_buffers(cache: &Bound<'_, PyAny>) -> PyResult<Vec<RawParts>> {
     for (i, item) in cache.try_iter()?.enumerate() {
         let arr = item?.cast_into::<PyUntypedArray>().map_err(|e| {
             PyTypeError::new_err(format!(
-                "cache[{i}]: expected a numpy array, got {}",
+                "{}: expected a numpy array, got {}",
+                cache_arg(Some(i)),
                 type_name(e.into_inner().as_any())
             ))
         })?;
