@@ -400,11 +400,20 @@ impl StridedMut {
         }
     }
 
+    /// The axes below `end` other than the sequence and batch axes, outermost first: a move
+    /// copies one position of one request across all of them.
+    fn other_axes(
+        seq_dim: usize,
+        batch_dim: Option<usize>,
+        end: usize,
+    ) -> impl DoubleEndedIterator<Item = usize> + Clone {
+        (0..end).filter(move |&d| d != seq_dim && Some(d) != batch_dim)
+    }
+
     /// Bytes `moves` copy in this buffer: for each move that is not onto itself, one position
     /// of one request, every other index.
     fn moved_bytes(&self, seq_dim: usize, batch_dim: Option<usize>, moves: &[Move]) -> usize {
-        let per_position: usize = (0..self.shape.len())
-            .filter(|&d| d != seq_dim && Some(d) != batch_dim)
+        let per_position: usize = Self::other_axes(seq_dim, batch_dim, self.shape.len())
             .map(|d| self.shape[d])
             .product();
         let copies = moves.iter().filter(|m| m.src != m.dst).count();
@@ -455,21 +464,21 @@ impl StridedMut {
             return Ok(());
         }
         let (shape, strides) = (&self.shape[..], &self.strides[..]);
-        let other = |d: &usize| *d != seq_dim && Some(*d) != batch_dim;
-        if (0..shape.len()).filter(other).any(|d| shape[d] == 0) {
+        let other = Self::other_axes(seq_dim, batch_dim, shape.len());
+        if other.clone().any(|d| shape[d] == 0) {
             return Ok(());
         }
         // The other axes, innermost first: those contiguous with the element merge into one
         // memcpy chunk; the rest, below `outer_end`, number the outer blocks.
         let (mut chunk, mut outer_end) = (self.itemsize, shape.len());
-        for d in (0..shape.len()).rev().filter(other) {
+        for d in other.clone().rev() {
             if strides[d] != chunk as isize {
                 break;
             }
             chunk *= shape[d];
             outer_end = d;
         }
-        let outer_axes = || (0..outer_end).filter(other);
+        let outer_axes = || Self::other_axes(seq_dim, batch_dim, outer_end);
         let outer: usize = outer_axes().map(|d| shape[d]).product();
         // Byte offset of outer block `o` (row-major over the outer axes).
         let outer_offset = |mut o: usize| {
