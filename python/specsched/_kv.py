@@ -105,7 +105,7 @@ def _compact_all(
         elif c.device.type == "cpu":
             host.append(_torch.raw_cpu_view(c))
         else:
-            _torch.check_has_data(c, f"cache[{i}]")
+            _torch.check_has_data(c, "cache", i)
             devices.add(c.device)
     if not devices:
         return _core.compact_kv(host, result, prefix_lens, seq_dim, batch_dim, active)

@@ -307,10 +307,13 @@ def buffer_description(t: torch.Tensor) -> tuple[int, list[int], list[int], int]
     return t.data_ptr(), list(t.shape), [s * item for s in t.stride()], item
 
 
-def check_has_data(t: torch.Tensor, arg: str) -> None:
-    """Refuses tensors on the meta device: they have a shape but no data to read or move."""
+def check_has_data(t: torch.Tensor, arg: str, index: int | None = None) -> None:
+    """Refuses tensors on the meta device: they have a shape but no data to read or move.
+    `index`: the tensor is entry `index` of the sequence `arg` (named `arg[index]`, formatted
+    only when refused: a layered cache checks dozens of entries a step)."""
     if t.device.type == "meta":
-        raise ValueError(f"{arg}: a tensor on the meta device holds no data")
+        name = arg if index is None else f"{arg}[{index}]"
+        raise ValueError(f"{name}: a tensor on the meta device holds no data")
 
 
 def host_array(x: Any, arg: str) -> Any:
