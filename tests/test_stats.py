@@ -87,6 +87,20 @@ def test_fitted_vector_converges_and_replans():
     assert "steps=4000" in repr(stats)
 
 
+def test_interval_holds_the_estimate_at_none_and_all_accepted():
+    # Rank 0 always accepted (3 of 3), rank 1 never (0 of 3): the bounds at p = 1 and p = 0
+    # are exact, not an ulp inside (the textbook formula cancels to 1 - 2e-16 and 1e-16).
+    stats = ss.AcceptanceStats()
+    tree = ss.Tree([-1, 0, 0], [0, 1, 2])
+    for _ in range(3):
+        stats.update(tree, ss.verify(tree, target_tokens=np.array([1, 0, 0])))
+    assert stats.accept_probs().tolist() == [1.0, 0.0]
+    for z in (1.0, 1.96, 4.0):
+        lo, hi = stats.confidence_interval(z=z)
+        assert hi[0] == 1.0 and lo[1] == 0.0
+        assert 0.0 < lo[0] < 1.0 and 0.0 < hi[1] < 1.0
+
+
 def test_empty_stats_and_bad_input():
     stats = ss.AcceptanceStats()
     assert stats.trials.shape == (0, 0) and stats.accept_probs().tolist() == []

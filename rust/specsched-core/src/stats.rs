@@ -196,13 +196,33 @@ pub fn wilson(h: u64, t: u64, z: f64) -> (f64, f64) {
     let denom = 1.0 + z2 / n;
     let centre = (p + z2 / (2.0 * n)) / denom;
     let half = z * (p * (1.0 - p) / n + z2 / (4.0 * n * n)).sqrt() / denom;
-    ((centre - half).max(0.0), (centre + half).min(1.0))
+    // The interval contains p exactly: at h = 0 (or h = t) `centre - half` (or `+`) cancels
+    // to within an ulp of p, which would leave p itself outside.
+    ((centre - half).clamp(0.0, p), (centre + half).clamp(p, 1.0))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::tree::Tree;
+
+    #[test]
+    fn wilson_interval_contains_the_estimate_at_every_count() {
+        for t in 1..=300u64 {
+            for z in [0.5, 1.0, 1.96, 2.576, 4.0, 10.0] {
+                for h in 0..=t {
+                    let p = h as f64 / t as f64;
+                    let (lo, hi) = wilson(h, t, z);
+                    assert!(
+                        (0.0..=p).contains(&lo) && (p..=1.0).contains(&hi),
+                        "{h}/{t} z={z}"
+                    );
+                }
+                assert_eq!(wilson(0, t, z).0, 0.0);
+                assert_eq!(wilson(t, t, z).1, 1.0);
+            }
+        }
+    }
 
     #[test]
     fn counts_trials_and_hits_along_the_path() {
