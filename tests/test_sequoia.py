@@ -145,6 +145,21 @@ def test_choose_tree_trades_draft_time_for_length():
         (lambda: ss.choose_tree([0.5], 1.0, {0: 1.0}, 3), ValueError, "t_verify"),
         (lambda: ss.choose_tree([0.5], 1.0, [(4, 1.0)], 3), TypeError, "t_verify"),
         (lambda: ss.choose_tree([0.5], 1.0, {4: 1.0}, 0), ValueError, "max_depth"),
+        # Negative counts are the argument's ValueError, not PyO3's unnamed OverflowError.
+        (lambda: ss.optimal_tree([0.5], -1), ValueError, "budget: must be >= 1, got -1"),
+        (lambda: ss.optimal_tree([0.5], 4, -1), ValueError, "max_depth: must be >= 1, got -1"),
+        (lambda: ss.optimal_tree([0.5], 4, 1.5), TypeError, "max_depth: expected an int"),
+        (lambda: ss.choose_tree([0.5], 1.0, {4: 1.0}, -2), ValueError, "max_depth"),
+        (lambda: ss.AcceptanceStats().optimal_tree(-1), ValueError, "budget"),
+        (lambda: ss.AcceptanceStats().optimal_tree(4, -3), ValueError, "max_depth"),
+        # The exact DP refuses tables it could not hold, before allocating them (an
+        # increasing vector takes the DP: the heap would not be exact).
+        (lambda: ss.optimal_tree([0.1, 0.2], 65536), ValueError, "budget: the exact DP"),
+        (
+            lambda: ss.choose_tree([0.1, 0.2], 1.0, {4: 1.0, 65536: 2.0}, 65535),
+            ValueError,
+            "t_verify: largest budget 65536",
+        ),
     ],
 )
 def test_bad_input(call, exc, match):

@@ -68,8 +68,8 @@ fn choices_list<'py>(py: Python<'py>, choices: &[Vec<i64>]) -> PyResult<Bound<'p
 pub fn optimal_tree<'py>(
     py: Python<'py>,
     accept_probs: &Bound<'py, PyAny>,
-    budget: usize,
-    max_depth: Option<usize>,
+    #[pyo3(from_py_with = crate::convert::budget_arg)] budget: usize,
+    #[pyo3(from_py_with = crate::convert::opt_max_depth_arg)] max_depth: Option<usize>,
     method: &str,
 ) -> PyResult<(Bound<'py, PyAny>, f64)> {
     let p = f64_vec(accept_probs, "accept_probs")?;
@@ -110,7 +110,7 @@ pub fn choose_tree<'py>(
     accept_probs: &Bound<'py, PyAny>,
     t_draft: f64,
     t_verify: &Bound<'py, PyAny>,
-    max_depth: usize,
+    #[pyo3(from_py_with = crate::convert::max_depth_arg)] max_depth: usize,
 ) -> PyResult<(Bound<'py, PyAny>, usize, usize, f64, f64)> {
     let p = f64_vec(accept_probs, "accept_probs")?;
     let d = t_verify.cast::<PyDict>().map_err(|_| {

@@ -400,10 +400,29 @@ pub fn prefix_len_arg(obj: &Bound<'_, PyAny>) -> PyResult<i64> {
     int_arg(obj, "prefix_len")
 }
 
-/// A node budget: an int `>= 0` (each builder checks its own lower bound).
+/// A count argument (a budget, a depth, a top-k): an int `>= 0` named in its errors. The
+/// callee checks its own lower bound (most need `>= 1`), so a negative one says the same.
+pub fn count_arg(obj: &Bound<'_, PyAny>, arg: &str) -> PyResult<usize> {
+    let x = int_arg(obj, arg)?;
+    usize::try_from(x).map_err(|_| PyValueError::new_err(format!("{arg}: must be >= 1, got {x}")))
+}
+
+/// A node budget ([`count_arg`]).
 pub fn budget_arg(obj: &Bound<'_, PyAny>) -> PyResult<usize> {
-    let b = int_arg(obj, "budget")?;
-    usize::try_from(b).map_err(|_| PyValueError::new_err(format!("budget: must be >= 1, got {b}")))
+    count_arg(obj, "budget")
+}
+
+/// A depth limit ([`count_arg`]).
+pub fn max_depth_arg(obj: &Bound<'_, PyAny>) -> PyResult<usize> {
+    count_arg(obj, "max_depth")
+}
+
+/// An optional depth limit: None, or [`max_depth_arg`].
+pub fn opt_max_depth_arg(obj: &Bound<'_, PyAny>) -> PyResult<Option<usize>> {
+    if obj.is_none() {
+        return Ok(None);
+    }
+    max_depth_arg(obj).map(Some)
 }
 
 /// `seq_dim` of the KV functions (negative counts from the end, as numpy axes do).

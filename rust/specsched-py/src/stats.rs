@@ -123,8 +123,8 @@ impl PyAcceptanceStats {
     fn optimal_tree<'py>(
         &self,
         py: Python<'py>,
-        budget: usize,
-        max_depth: Option<usize>,
+        #[pyo3(from_py_with = crate::convert::budget_arg)] budget: usize,
+        #[pyo3(from_py_with = crate::convert::opt_max_depth_arg)] max_depth: Option<usize>,
     ) -> PyResult<(Bound<'py, PyAny>, f64)> {
         let mut p = self.inner.accept_probs();
         if p.is_empty() {

@@ -60,6 +60,32 @@ fn check_budget(budget: usize) -> Result<()> {
     Ok(())
 }
 
+/// The most entries the exact DP's tables may hold: 2^27 values (1 GiB of `f64`). The tables
+/// grow as depth · ranks · n and the time as depth · ranks · n² (budget 1,024 at full depth
+/// and 64 ranks: ~68M entries and ~13 s on one core), so past this a call would run out of
+/// memory or for hours rather than answer.
+pub const MAX_DP_ENTRIES: usize = 1 << 27;
+
+/// Refuses a DP over `n` nodes, depth `depth` and the ranks of `p` whose tables would pass
+/// [`MAX_DP_ENTRIES`], before anything is allocated.
+fn check_dp_size(p: &[f64], n: usize, depth: usize) -> Result<()> {
+    let ranks = p.len().min(n.saturating_sub(1));
+    let entries = (depth + 1)
+        .checked_mul(ranks + 1)
+        .and_then(|x| x.checked_mul(n + 1));
+    match entries {
+        Some(e) if e <= MAX_DP_ENTRIES => Ok(()),
+        _ => Err(Error::value(
+            "budget",
+            format!(
+                "the exact DP for {n} nodes at depth <= {depth} over {ranks} ranks needs more \
+                 than {MAX_DP_ENTRIES} table entries: pass a smaller max_depth or budget, or \
+                 a non-increasing accept_probs (the O(n log n) heap)"
+            ),
+        )),
+    }
+}
+
 fn resolve_depth(budget: usize, max_depth: Option<usize>) -> Result<usize> {
     match max_depth {
         Some(0) => Err(Error::value("max_depth", "must be >= 1")),
@@ -225,6 +251,7 @@ pub fn optimal_tree_dp(p: &[f64], budget: usize, max_depth: Option<usize>) -> Re
     check_probs(p)?;
     check_budget(budget)?;
     let depth = resolve_depth(budget, max_depth)?;
+    check_dp_size(p, budget, depth)?;
     Ok(Dp::new(p, budget, depth).plan(budget, depth))
 }
 
@@ -392,6 +419,8 @@ pub fn choose_tree(
     }
     let n_max = t_verify.iter().map(|&(n, _)| n).max().unwrap_or(1);
     let depth = max_depth.min(n_max.saturating_sub(1)).max(1);
+    check_dp_size(p, n_max, depth)
+        .map_err(|e| Error::value("t_verify", format!("largest budget {n_max}: {e}")))?;
     let dp = Dp::new(p, n_max, depth);
     let mut keys: Vec<(usize, f64)> = t_verify.to_vec();
     keys.sort_by_key(|k| k.0);
