@@ -435,6 +435,9 @@ def test_dynamic_builder_in_place_bad_input():
     buf.prefix_lens[:] = [0, -1]
     with pytest.raises(ValueError, match=r"prefix_lens\[1\] = -1"):
         b.start_in_place()
+    buf.prefix_lens[:] = [0, 2**63 - 1]
+    with pytest.raises(ValueError, match=r"prefix_lens\[1\] = 9223372036854775807 \+ depth"):
+        b.start_in_place()
     buf.prefix_lens[:] = 4
     buf.topk_logprobs[1, 0, 1] = 0.5
     with pytest.raises(ValueError, match=r"topk_logprobs\[1, 1\] = 0.5"):
@@ -481,6 +484,8 @@ def test_dynamic_builder_bad_input():
         ss.DynamicTreeBuilder(1, 2, 0, 2)
     with pytest.raises(ValueError, match="batch"):
         ss.DynamicTreeBuilder(-1, 2, 2, 2)
+    with pytest.raises(ValueError, match="batch: 1099511627776 requests"):
+        ss.DynamicTreeBuilder(2**40, 2, 2, 2)
     with pytest.raises(ValueError, match="budget"):
         ss.DynamicTreeBuilder(1, 2, 1, 4)
     b = ss.DynamicTreeBuilder(2, 2, 2, 3)
@@ -503,6 +508,10 @@ def test_dynamic_builder_bad_input():
         b.start([1, 2], [[1, 2], [3, 4]], lp, active=np.array([1, 0]))
     with pytest.raises(ValueError, match="active: expected a 1-D array, got 2-D"):
         b.start([1, 2], [[1, 2], [3, 4]], lp, active=[[True, False]])
+    # Positions run to prefix + depth: one past int64 would wrap.
+    big = np.array([0, 2**63 - 2], np.int64)
+    with pytest.raises(ValueError, match=r"prefix_lens\[1\] = 9223372036854775806 \+ depth 2"):
+        b.start([1, 2], [[1, 2], [3, 4]], lp, prefix_lens=big)
     assert b.level == 0  # every refusal before anything changed
     b.start([1, 2], [[1, 2], [3, 4]], [[-1.0, -2.0], [-0.5, -1.0]])
     lp = np.full((2, 2, 2), -1.0)

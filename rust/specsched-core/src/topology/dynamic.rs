@@ -220,8 +220,14 @@ impl DynamicTreeBuilder {
             .checked_mul(topk)
             .and_then(|k2| k2.checked_mul(depth - 1))
             .and_then(|x| x.checked_add(topk))
-            .filter(|&p| p < u32::MAX as usize && p.saturating_mul(batch) < (1 << 31))
+            .filter(|&p| p < u32::MAX as usize)
             .ok_or_else(|| Error::value("topk", "topk and depth give a pool too large"))?;
+        if pool.saturating_mul(batch) >= 1 << 31 {
+            return Err(Error::value(
+                "batch",
+                format!("{batch} requests of {pool} candidates each: a pool too large"),
+            ));
+        }
         if !(1..=MAX_NODES).contains(&budget) {
             return Err(Error::value(
                 "budget",
@@ -419,11 +425,20 @@ impl DynamicTreeBuilder {
                 format!("expected {b} entries, got {}", prefix_lens.len()),
             ));
         }
+        // Positions run to prefix + depth: past i64::MAX they would wrap (as the layouts
+        // refuse them too).
+        let depth = self.depth as i64;
         for (i, &p) in prefix_lens.iter().enumerate() {
             if p < 0 {
                 return Err(Error::value(
                     "prefix_lens",
                     format!("prefix_lens[{i}] = {p}, expected >= 0"),
+                ));
+            }
+            if p.checked_add(depth).is_none() {
+                return Err(Error::value(
+                    "prefix_lens",
+                    format!("prefix_lens[{i}] = {p} + depth {depth} is not a valid int64 position"),
                 ));
             }
         }
