@@ -261,8 +261,8 @@ def test_generation_statistics() -> None:
     assert gen.num_tokens == 24
     for b in range(2):
         assert len(gen.accepted[b]) == gen.forwards[b] - 1
-        # first token from the prefill, then k + 1 per step (the last step may be cut)
-        assert sum(gen.accepted[b]) + len(gen.accepted[b]) + 1 >= 12
+        # first token from the prefill, then k + 1 per step (trees are cut to the tokens left)
+        assert sum(gen.accepted[b]) + len(gen.accepted[b]) + 1 == 12
     assert gen.wall_s >= gen.target_s + gen.verify_s + gen.kv_s
     assert 0 <= gen.specsched_share
 
@@ -348,6 +348,25 @@ def test_shipped_model_greedy_is_autoregressive(shipped: tuple[Any, Any], batch:
         assert spec.layout_s > 0, name  # the target's tree layout, counted as specsched's
         if name.startswith("eagle"):
             assert spec.mean_accepted > 0.5, name  # the trained head really drafts
+
+
+def test_eos_inside_a_path_while_another_request_runs(shipped: tuple[Any, Any]) -> None:
+    # One request stops on an EOS inside an accepted path and the other runs on: the finished
+    # row's next root is the EOS it emitted (what every drafter has as its last token), not
+    # the bonus after it, and `accepted` counts the drafts it emitted.
+    target, head = shipped
+    prompts = [PROMPTS[0], PROMPTS[1]]
+    free = generate(TinyTarget(target), None, prompts, 40).tokens
+    eos = next(t for t in free[1][3:] if t not in free[0])
+    want = [row[: row.index(eos) + 1] if eos in row else row for row in free]
+    assert len(want[1]) < 40 == len(want[0])
+    for name, drafter in drafters(target, head).items():
+        spec = generate(TinyTarget(target), drafter, prompts, 40, eos_token_id=eos)
+        assert spec.tokens == want, name
+        for b, row in enumerate(spec.tokens):
+            # The prefill's token, then k + 1 a step; k alone where EOS cut the drafts.
+            per_step = sum(a + 1 for a in spec.accepted[b])
+            assert len(row) - 1 in (per_step, per_step - 1), (name, b)
 
 
 def test_tiny_target_hands_specsched_zero_copy_host_views(shipped: tuple[Any, Any]) -> None:

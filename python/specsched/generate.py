@@ -110,7 +110,8 @@ class Generation:
     """Tokens and per-step statistics of one `generate` call.
 
     `tokens[b]`: the new tokens of request b (EOS included when it stopped on one).
-    `accepted[b]`: draft tokens accepted at each verify step while b was running.
+    `accepted[b]`: draft tokens accepted and emitted at each verify step while b was running
+    (a path cut at EOS or at `max_new_tokens` counts the drafts it kept).
     `forwards[b]`: target forwards b took part in (its prefill included).
     Times are seconds: `target_s` (prefill and tree forwards, without the target's
     `layout_seconds`), `draft_s` (the drafter, without the time it spent in specsched's
@@ -366,13 +367,18 @@ def generate(
         finished: list[int] = []
         for b in rows:
             k = int(num_accepted[b])
-            out.accepted[b].append(k)
             out.forwards[b] += 1
-            roots[b] = emitted[b, k]
-            before = len(out.tokens[b])
+            row = out.tokens[b]
+            before = len(row)
             if _emit(out, b, emitted[b, : k + 1], max_new_tokens, eos_token_id, active):
                 finished.append(b)
-            kept[b] = len(out.tokens[b]) - before
+            kept[b] = len(row) - before
+            # Drafts the row emitted: a path cut at EOS or at the length limit keeps fewer
+            # than the verifier accepted, and the tokens past the cut never existed.
+            out.accepted[b].append(min(k, int(kept[b])))
+            # The next root is the last token emitted (the bonus, or the EOS a cut path
+            # ended on), which a drafter sees as its request's last token.
+            roots[b] = row[-1]
         if drafter is not None:
             t5 = clock()
             drafter.commit(trees, result, step, kept)
