@@ -242,6 +242,14 @@ def test_bad_arguments() -> None:
         generate(target, None, [], 3)
     with pytest.raises(TypeError, match="input_ids"):
         generate(target, None, "ab", 3)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="max_new_tokens: expected an int, got float"):
+        generate(target, None, [[0, 1]], 2.5)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="max_new_tokens: expected an int, got NoneType"):
+        generate(target, None, [[0, 1]], None)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"input_ids\[1\]: expected a sequence of int token ids"):
+        generate(target, None, [[0, 1], [1, 2.5]], 3)
+    with pytest.raises(ValueError, match=r"input_ids\[0\]: negative token id -1"):
+        generate(target, None, [[0, -1]], 3)
 
     class WrongRoot(ToyDrafter):
         def propose(self, roots: np.ndarray, active: np.ndarray) -> ss.TreeBatch:
@@ -536,6 +544,12 @@ def random_model(seed: int) -> TinyLM:
     return model
 
 
+def test_prompt_tokens_outside_the_targets_vocabulary_are_refused() -> None:
+    model = TinyLM(TinyConfig(d_model=32, n_layers=1, n_heads=2, d_ff=64)).eval()
+    with pytest.raises(ValueError, match=r"input_ids\[1\]: token id 256 is outside .* \[0, 256\)"):
+        generate(TinyTarget(model), None, [[1, 2], [3, 256]], 2)
+
+
 def test_a_request_that_fits_the_model_autoregressively_fits_speculatively() -> None:
     # prompt + max_new_tokens reaches the model's last position: drafts past it are cut by
     # generate (the target never sees them) and scored at the last position by the head.
@@ -558,7 +572,10 @@ def test_finished_rows_stop_advancing() -> None:
     torch.manual_seed(0)
     cfg = TinyConfig(d_model=64, n_layers=2, n_heads=2, d_ff=128, max_positions=32)
     model, head = TinyLM(cfg).double().eval(), EagleHead(cfg).double().eval()
-    long, short = [7] * 20 + [1, 2, 3, 4, 5, 6, 7, 8], [5]
+    # The long prompt takes every position: a retired row one past its last would be past
+    # the model's.
+    long, short = [7] * 24 + [1, 2, 3, 4, 5, 6, 7, 8], [5]
+    assert len(long) == cfg.max_positions
     eos = generate(TinyTarget(model), None, [long], 1).tokens[0][0]
     alone = [
         generate(TinyTarget(model), None, [p], 10, eos_token_id=eos).tokens[0]

@@ -117,7 +117,10 @@ def test_finished_rows_stop_advancing() -> None:
         vocab_size=VOCAB, n_embd=64, n_layer=2, n_head=4, n_positions=36
     )
     model = transformers.GPT2LMHeadModel(config).double().eval()
-    long, short = [7] * 24 + [1, 2, 3, 4, 5, 6, 7, 8], [5]
+    # The long prompt takes every position: a retired row one past its last would be past
+    # n_positions.
+    long, short = [7] * 28 + [1, 2, 3, 4, 5, 6, 7, 8], [5]
+    assert len(long) == config.n_positions
     eos = generate(HFTarget(model), None, [long], 1).tokens[0][0]
     alone = [
         generate(HFTarget(model), None, [p], 10, eos_token_id=eos).tokens[0] for p in (long, short)

@@ -25,6 +25,7 @@ from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
+from specsched import _torch
 from specsched._core import BatchVerifyResult, TreeBatch
 from specsched._verify import verify
 
@@ -71,7 +72,11 @@ class TargetModel(Protocol):
     # the next host wait (verify's).
     # Optional: `retire(rows)`, the rows whose requests finished: the loop still feeds them
     # root-only trees (the batch keeps its shape) and ignores their outputs, so the target
-    # may stop advancing them (their positions then stay within the request's own range).
+    # may stop advancing them. Their root-only trees should then sit at the last position
+    # the request used (`L_b - 1`): `L_b` itself is one past it, which can be past the
+    # model's last position for a request that used every one.
+    # Optional: `vocab_size` (int): prompts with a token id outside `[0, vocab_size)` are
+    # refused before the prefill (an embedding lookup would fail on the device instead).
     # Optional: `layout_seconds` (float, cumulative), the time `forward_tree` spent in
     # specsched's tree layouts (`TreeBatch.padded_layout`, `pad_trees`): reported as
     # specsched's (`layout_s`), not the target's.
@@ -218,19 +223,30 @@ def _step_seed(seed: int | None, step: int) -> int | None:
     return int(np.random.SeedSequence([seed, step]).generate_state(1, np.uint64)[0])
 
 
-def _check_prompts(input_ids: Sequence[Sequence[int]]) -> list[list[int]]:
+def _check_prompts(input_ids: Sequence[Sequence[int]], vocab_size: int | None) -> list[list[int]]:
     if isinstance(input_ids, (str, bytes)) or not isinstance(input_ids, Sequence):
         raise TypeError("input_ids: expected a sequence of token sequences")
     if len(input_ids) == 0:
         raise ValueError("input_ids: expected at least one prompt")
     prompts = []
     for b, prompt in enumerate(input_ids):
-        row = [int(t) for t in prompt]
-        if not row:
+        row = np.asarray(prompt.tolist() if _torch.is_tensor(prompt) else prompt)
+        if row.ndim != 1 or not (row.size == 0 or np.issubdtype(row.dtype, np.integer)):
+            raise TypeError(
+                f"input_ids[{b}]: expected a sequence of int token ids, got dtype {row.dtype} "
+                f"shape {row.shape}"
+            )
+        if row.size == 0:
             raise ValueError(f"input_ids[{b}]: empty prompt")
-        if min(row) < 0:
-            raise ValueError(f"input_ids[{b}]: negative token id {min(row)}")
-        prompts.append(row)
+        low, high = int(row.min()), int(row.max())
+        if low < 0:
+            raise ValueError(f"input_ids[{b}]: negative token id {low}")
+        if vocab_size is not None and high >= vocab_size:
+            raise ValueError(
+                f"input_ids[{b}]: token id {high} is outside the target's vocabulary "
+                f"[0, {vocab_size})"
+            )
+        prompts.append(row.tolist())
     return prompts
 
 
@@ -257,9 +273,11 @@ def generate(
     `generate` keeps finished rows): the target's batch never changes shape; a target with
     `retire(rows)` is told, and stops advancing those rows.
     """
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, (int, np.integer)):
+        raise TypeError(f"max_new_tokens: expected an int, got {type(max_new_tokens).__name__}")
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens: expected >= 1, got {max_new_tokens}")
-    prompts = _check_prompts(input_ids)
+    prompts = _check_prompts(input_ids, getattr(target, "vocab_size", None))
     greedy = temperature == 0.0
     sampling: dict[str, Any] = (
         {} if greedy else {"temperature": temperature, "top_k": top_k, "top_p": top_p}

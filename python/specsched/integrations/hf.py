@@ -142,12 +142,19 @@ class HFTarget:
         self._pending: int | None = None  # S of the forward_tree awaiting accept
 
     @property
+    def vocab_size(self) -> int:
+        """Rows of the input embedding (a resized embedding included): `generate` refuses
+        prompt tokens outside it."""
+        return int(self.model.get_input_embeddings().weight.shape[0])
+
+    @property
     def batch_size(self) -> int:
         return int(self.lengths.shape[0])
 
     def retire(self, rows: np.ndarray) -> None:
         """Rows whose requests finished (`generate` still feeds them root-only trees): their
-        entries stop being kept, so their length and position stop growing."""
+        entries stop being kept, so their length stops growing, and their trees sit at the
+        last position the request used."""
         self.retired.add(rows)
 
     def committed_kv(self, b: int, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -233,9 +240,12 @@ class HFTarget:
         b, n = trees.num_trees, trees.max_nodes
         if b != self.batch_size:
             raise ValueError(f"trees: {b} trees for a batch of {self.batch_size} rows")
+        # A retired row's root-only tree sits at the last position its request used, not one
+        # past it (which may be past max_position_embeddings); its entry is never kept.
+        at = self.lengths - self.retired.rows if self.retired.any else self.lengths
         # `pad_trees`' layout, unnamed: the one specsched call, with no wrapper around it.
         t0 = time.perf_counter()
-        tokens, positions, tree_mask, slot_rows, slot_cols = trees.padded_layout(self.lengths)
+        tokens, positions, tree_mask, slot_rows, slot_cols = trees.padded_layout(at)
         self.layout_seconds += time.perf_counter() - t0
         s = int(self.cache.get_seq_length())
         allowed = torch.cat(

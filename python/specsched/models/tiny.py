@@ -372,10 +372,14 @@ class TinyTarget:
         cache = grow_seq(self.cache, self.SEQ_DIM, int(self.lengths.max()) + n, self.headroom)
         if cache is not self.cache:
             self._set_cache(cache)
+        # A retired row's root-only tree sits at the last position its request used, not one
+        # past it (which may be past the model's last); it is still written past the row's
+        # committed entries, which stay as they are.
+        at = self.lengths - self.retired.rows if self.retired.any else self.lengths
         # `pad_trees`' layout, unnamed: the one specsched call, with no wrapper around it
         # (a Python frame and a named tuple cost µs each right after the previous forward).
         t0 = time.perf_counter()
-        tokens, positions, tree_mask, slot_rows, slot_cols = trees.padded_layout(self.lengths)
+        tokens, positions, tree_mask, slot_rows, slot_cols = trees.padded_layout(at)
         self.layout_seconds += time.perf_counter() - t0
         dev = self.device
         lengths = torch.as_tensor(self.lengths, device=dev)
@@ -414,5 +418,5 @@ class TinyTarget:
 
     def retire(self, rows: np.ndarray) -> None:
         """Rows whose requests finished (`generate` still feeds them root-only trees): their
-        length, and so their position, stops growing."""
+        length stops growing, and their trees sit at the last position the request used."""
         self.retired.add(rows)
