@@ -187,6 +187,23 @@ def test_drafters_learn_only_emitted_tokens() -> None:
     assert suffix.index.num_global_tokens == sum(map(len, spec.tokens))
 
 
+def test_suffix_drafters_sharing_an_index_keep_each_others_responses() -> None:
+    # Two drafters (two batches) on one global index: their request ids never meet, so
+    # neither's finished responses replace the other's in the cache, and both can be live.
+    models = toy_models(vocab=6, seed=1, mismatch=0.2)
+    prompts = [[0, 1], [2, 3]]
+    index = ss.SuffixDrafter()
+    index.start_request(1, np.array([5, 5]))  # an id the caller gave the index directly
+    first, second = SuffixTreeDrafter(8, index=index), SuffixTreeDrafter(8, index=index)
+    runs = [generate(ToyTarget(models.target_logits), d, prompts, 12) for d in (first, second)]
+    assert len(index.cached_responses) == 4
+    assert index.num_global_tokens == sum(len(t) for run in runs for t in run.tokens)
+    pre = TargetStep(None)
+    first.start(prompts, np.array([1, 2]), pre)
+    second.start(prompts, np.array([1, 2]), pre)  # both live at once
+    assert len(set(first.request_ids) | set(second.request_ids) | {1}) == 5
+
+
 def test_trees_are_cut_to_the_tokens_a_request_has_left() -> None:
     models = toy_models(vocab=4, seed=5, mismatch=0.3)
     # Near the end, a request is verified only as deep as it can still emit: the ToyDrafter's

@@ -17,9 +17,28 @@ import numpy as np
 from specsched._core import NgramDrafter, SuffixDrafter, TreeBatch
 from specsched.generate import TargetStep
 
+# Request ids for every SuffixTreeDrafter in the process: drafters sharing one `index` must not
+# reuse each other's ids (a live id is refused, and finishing a cached id again replaces its
+# response in the global cache).
+_REQUEST_IDS = count()
+
+
+def _fresh_request_ids(index: SuffixDrafter, n: int) -> np.ndarray:
+    """`n` ids the index has neither live nor cached (ids it was given directly are skipped)."""
+    cached = set(index.cached_responses)
+    ids: list[int] = []
+    while len(ids) < n:
+        rid = next(_REQUEST_IDS)
+        if rid not in cached and not index.has_request(rid):
+            ids.append(rid)
+    return np.array(ids, dtype=np.int64)
+
 
 class SuffixTreeDrafter:
-    """Suffix-tree drafts of up to `budget` draft tokens per request (`chain=True`: chains)."""
+    """Suffix-tree drafts of up to `budget` draft tokens per request (`chain=True`: chains).
+
+    `index`: a `SuffixDrafter` to draft from and cache responses in, which several drafters
+    (batches, threads) may share; by default one of its own."""
 
     def __init__(
         self,
@@ -34,13 +53,12 @@ class SuffixTreeDrafter:
         self.index = index if index is not None else SuffixDrafter(max_depth=max_depth)
         self.budget, self.min_prob, self.chain = budget, min_prob, chain
         self.factor = max_spec_factor
-        self._ids = count()
         self.request_ids = np.zeros(0, dtype=np.int64)
 
     def start(
         self, input_ids: Sequence[Sequence[int]], first_tokens: np.ndarray, prefill: TargetStep
     ) -> None:
-        self.request_ids = np.array([next(self._ids) for _ in input_ids], dtype=np.int64)
+        self.request_ids = _fresh_request_ids(self.index, len(input_ids))
         for rid, prompt, first in zip(self.request_ids, input_ids, first_tokens, strict=True):
             # The first token is the response's: it goes to the global cache with the rest.
             self.index.start_request(int(rid), np.asarray(prompt, dtype=np.int64))
