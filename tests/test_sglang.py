@@ -445,6 +445,87 @@ def test_bad_input_is_a_clear_error():
         )
 
 
+def test_counts_batches_and_buffers_are_checked_by_name():
+    pl = [[-1, 0, 1], [-1, 0, 1]]
+    sel = [[0, 1], [0, 1]]
+    with pytest.raises(ValueError, match="topk: must be >= 1, got -1"):
+        build(pl, sel, topk=-1)
+    with pytest.raises(ValueError, match="num_verify_tokens: must be >= 1, got -3"):
+        build(pl, sel, num_verify_tokens=-3)
+    with pytest.raises(TypeError, match="num_verify_tokens: expected an int, got float"):
+        build(pl, sel, num_verify_tokens=3.7)
+    with pytest.raises(ValueError, match=r"seq_lens: expected a 1-D array \[bs\]"):
+        build(pl, sel, seq_lens=np.zeros((2, 1), np.int64))
+    # A wrong seq_lens_sum is the mismatch, not an allocation sized from it.
+    with pytest.raises(ValueError, match="seq_lens_sum: 1000000000000000 != sum"):
+        build(pl, sel, seq_lens_sum=10**15, tree_mask_mode=sg.TreeMaskMode.FULL_MASK)
+    with pytest.raises(TypeError, match="position_buf: expected dtype int64, got int32"):
+        build(pl, sel, position_buf=np.zeros(6, np.int32))
+    with pytest.raises(ValueError, match="position_buf: needs at least 6 entries, has 4"):
+        build(pl, sel, position_buf=np.zeros(4, np.int64))
+    with pytest.raises(TypeError, match="tree_mask_buf: expected dtype bool"):
+        build(pl, sel, tree_mask_buf=np.zeros(18, np.uint8))
+    steps = [np.zeros((2, 1, 2), np.float32), np.zeros((4, 2, 2), np.float32)]
+    tokens = [np.zeros((2, 2), np.int64), np.zeros((4, 4), np.int64)]
+    parents = [np.zeros((2, 3), np.int64), np.zeros((2, 2), np.int64)]
+    with pytest.raises(ValueError, match=r"score_list\[1\]: expected 2 rows"):
+        sg.organize_draft_results(steps, tokens, parents, 3)
+    with pytest.raises(ValueError, match="num_draft_token: must be >= 1, got -1"):
+        sg.organize_draft_results(steps[:1], tokens[:1], parents[:1], -1)
+
+
+def test_outputs_sharing_memory_with_another_argument_are_refused():
+    # Each torch tensor's numpy view has its own base, so rust-numpy's borrow registry cannot
+    # see two tensors over one storage: the binding compares address ranges.
+    torch = pytest.importorskip("torch")
+    pl, vid = torch.tensor([[-1, 0, 1]]), torch.tensor([7])
+    drafts, seq = torch.tensor([[1, 2, 3]]), torch.tensor([5])
+    storage = torch.zeros(8, dtype=torch.int64)
+    storage[:3] = torch.tensor([0, 1, 2])
+    selection = storage[:3].reshape(1, 3)
+    with pytest.raises(ValueError, match="positions and top_scores_index may share memory"):
+        sg.build_tree_kernel_efficient(
+            vid, pl, selection, drafts, seq, 5, 2, 2, 4, 1, None, storage
+        )
+    fine = sg.build_tree_kernel_efficient(vid, pl, selection.clone(), drafts, seq, 5, 2, 2, 4, 1)
+    r_index, r_next, r_sib = fine[2], fine[3], fine[4]
+    cand, target = fine[5].reshape(1, 4), torch.tensor([1, 2, 3, 0])
+    block = torch.full((8,), -1, dtype=torch.int32)
+    with pytest.raises(ValueError, match="predicts and accept_index may share memory"):
+        sg.verify_tree_greedy(
+            block[:4],
+            block[2:6].reshape(1, 4),
+            torch.zeros(1, dtype=torch.int32),
+            cand,
+            r_index,
+            r_next,
+            r_sib,
+            target,
+        )
+    with pytest.raises(TypeError, match=r"score_list\[0\]: dtype torch.bfloat16"):
+        sg.organize_draft_results(
+            [torch.zeros((1, 1, 2), dtype=torch.bfloat16)], [torch.zeros((1, 2))], [pl], 2
+        )
+
+
+def test_verify_leaves_accept_index_past_the_path_as_it_was():
+    # As sgl-kernel does: only the root and the accepted nodes are written.
+    cand = np.array([[0, 5, 7]])
+    ri, nt, ns = np.array([[0, 1, 2]]), np.array([[1, -1, -1]]), np.array([[-1, 2, -1]])
+    accept_index = np.full((1, 3), 55, np.int32)
+    sg.verify_tree_greedy(
+        np.zeros(3, np.int32),
+        accept_index,
+        np.zeros(1, np.int32),
+        cand,
+        ri,
+        nt,
+        ns,
+        np.array([7, 0, 0]),
+    )
+    assert accept_index.tolist() == [[0, 2, 55]]
+
+
 def test_verify_bad_input():
     cand = np.array([[0, 5, 7]])
     ri = np.array([[0, 1, 2]])

@@ -155,7 +155,8 @@ fuzz_target!(|data: &[u8]| {
     let shape = |v: &[i64]| Array2::from_shape_vec((bs, n), v.to_vec()).unwrap();
     let (ri2, nt2, ns2) = (shape(&ri), shape(&nt), shape(&ns));
     let mut predicts = vec![-7i32; total];
-    let mut accept_index = vec![0i32; bs * (s_levels + 1)];
+    // Entries past the path keep what the caller put there (SGLang's -1), as the kernel's do.
+    let mut accept_index = vec![-9i32; bs * (s_levels + 1)];
     let mut accept_num = vec![0i32; bs];
     let inp = GreedyIn {
         candidates: cands.view(),
@@ -175,7 +176,7 @@ fuzz_target!(|data: &[u8]| {
         assert_eq!(accept_num[r] as usize, acc.len() - 1);
         let row = &accept_index[r * (s_levels + 1)..(r + 1) * (s_levels + 1)];
         for (j, &x) in row.iter().enumerate() {
-            assert_eq!(x, acc.get(j).map_or(-1, |&a| row0 as i32 + a));
+            assert_eq!(x, acc.get(j).map_or(-9, |&a| row0 as i32 + a));
         }
         for &a in &acc {
             want_pred[row0 + a as usize] = choice[a as usize] as i32;

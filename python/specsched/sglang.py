@@ -12,6 +12,7 @@ these raise ValueError / IndexError naming the request and node.
 
 from __future__ import annotations
 
+import operator
 import sys
 from collections.abc import Sequence
 from enum import IntEnum
@@ -57,8 +58,33 @@ def _host(x: Any, arg: str) -> np.ndarray:
                 f"{arg}: specsched.sglang runs on the host; got a tensor on {x.device} "
                 "(pass CPU tensors or numpy arrays)"
             )
-        return x.detach().numpy()
+        try:
+            return x.detach().numpy()
+        except TypeError:  # bfloat16 and other dtypes numpy has no type for
+            raise TypeError(f"{arg}: dtype {x.dtype} has no numpy equivalent") from None
     return np.asarray(x)
+
+
+def _count(value: Any, arg: str) -> int:
+    """A count argument (`topk`, `spec_steps`, `num_draft_token`, ...) as an int >= 1."""
+    if isinstance(value, bool):
+        raise TypeError(f"{arg}: expected an int, got bool")
+    try:
+        n = operator.index(value)
+    except TypeError:
+        raise TypeError(f"{arg}: expected an int, got {type(value).__name__}") from None
+    if n < 1:
+        raise ValueError(f"{arg}: must be >= 1, got {n}")
+    return n
+
+
+def _rows(arrays: list[np.ndarray], arg: str, bs: int) -> None:
+    """Each draft step's array has the batch's `bs` rows (SGLang's torch.cat needs them)."""
+    for i, a in enumerate(arrays):
+        if a.ndim == 0 or a.shape[0] != bs:
+            raise ValueError(
+                f"{arg}[{i}]: expected {bs} rows (the batch of {arg}[0]), got shape {a.shape}"
+            )
 
 
 def _back(x: np.ndarray, like_torch: bool) -> Any:
@@ -88,15 +114,21 @@ def organize_draft_results(
             f"got {len(score_list)} and {len(token_list)}"
         )
     torch_in = _is_torch(score_list[0])
+    n = _count(num_draft_token, "num_draft_token")
     scores = [_host(s, f"score_list[{i}]") for i, s in enumerate(score_list)]
     tokens = [_host(t, f"token_list[{i}]") for i, t in enumerate(token_list)]
+    if scores[0].ndim == 0:
+        raise ValueError("score_list[0]: expected a [bs, ...] array, got a scalar")
     bs = scores[0].shape[0]
+    _rows(scores, "score_list", bs)
+    _rows(tokens, "token_list", bs)
     score = np.concatenate([s.reshape(bs, -1) for s in scores], axis=1)
     token = np.concatenate([t.reshape(bs, -1) for t in tokens], axis=1)
-    top_index, draft = _core.sglang_organize(score, token, int(num_draft_token))
+    top_index, draft = _core.sglang_organize(score, token, n)
     draft = draft.astype(token.dtype, copy=False)
     if len(parents_list) > 1:
         parents = [_host(p, f"parents_list[{i}]") for i, p in enumerate(parents_list[:-1])]
+        _rows(parents, "parents_list", bs)
         parent_list = np.concatenate(parents, axis=1).astype(np.int64, copy=False)
     else:
         parent_list = np.empty((bs, 0), dtype=np.int64)
@@ -126,6 +158,11 @@ def _mask_out(mode: int, needed: int, n: int, buf: Any) -> tuple[np.ndarray, np.
     if buf is None:
         return np.empty(needed, dtype=dtype), None
     whole = _host(buf, "tree_mask_buf")
+    if whole.dtype != dtype:
+        raise TypeError(
+            f"tree_mask_buf: expected dtype {np.dtype(dtype).name} for mode {mode} and "
+            f"{n} draft tokens, got {whole.dtype}"
+        )
     if not whole.flags.c_contiguous:
         raise ValueError("tree_mask_buf: must be contiguous (it is filled in place)")
     if whole.size == needed:
@@ -168,18 +205,24 @@ def build_tree_kernel_efficient(
             f"tree_mask_mode: expected 0 (FULL_MASK), 1 (QLEN_ONLY) or 2 "
             f"(QLEN_ONLY_BITPACKING), got {tree_mask_mode!r}"
         )
+    n = _count(num_verify_tokens, "num_verify_tokens")
+    topk, spec_steps = _count(topk, "topk"), _count(spec_steps, "spec_steps")
     seq = _host(seq_lens, "seq_lens")
+    if seq.ndim != 1:
+        raise ValueError(f"seq_lens: expected a 1-D array [bs], got shape {seq.shape}")
     vid = _host(verified_id, "verified_id")
     drafts = _host(draft_tokens, "draft_tokens")
-    bs, n, total_seq = seq.shape[0], int(num_verify_tokens), int(seq_lens_sum)
+    bs, total_seq = seq.shape[0], operator.index(seq_lens_sum)
     if vid.shape != (bs,) or drafts.shape != (bs, n - 1):
         raise ValueError(
             f"verified_id / draft_tokens: expected shapes ({bs},) and ({bs}, {n - 1}), "
             f"got {vid.shape} and {drafts.shape}"
         )
-    # Sized from seq_lens_sum as SGLang sizes it; Rust checks it against seq_lens.
+    # SGLang sizes the FULL mask from seq_lens_sum; from the lengths themselves here, which
+    # are the same when the call is valid, so a wrong seq_lens_sum is Rust's ValueError (it
+    # checks one against the other) rather than a huge allocation first.
     if mode == TreeMaskMode.FULL_MASK:
-        needed = max(total_seq, 0) * n + bs * n * n
+        needed = max(int(seq.sum()), 0) * n + bs * n * n
     elif mode == TreeMaskMode.QLEN_ONLY:
         needed = bs * n * n
     else:
@@ -190,8 +233,14 @@ def build_tree_kernel_efficient(
         positions = np.empty(bs * n, dtype=np.int64)
     else:
         positions_whole = _host(position_buf, "position_buf")
+        if positions_whole.dtype != np.int64:
+            raise TypeError(f"position_buf: expected dtype int64, got {positions_whole.dtype}")
         if not positions_whole.flags.c_contiguous:
             raise ValueError("position_buf: must be contiguous (it is filled in place)")
+        if positions_whole.size < bs * n:
+            raise ValueError(
+                f"position_buf: needs at least {bs * n} entries, has {positions_whole.size}"
+            )
         positions = (
             positions_whole
             if positions_whole.size == bs * n
@@ -218,8 +267,8 @@ def build_tree_kernel_efficient(
         r_index,
         r_next,
         r_sibling,
-        int(topk),
-        int(spec_steps),
+        topk,
+        spec_steps,
         n,
         int(mode),
         (vid, drafts, outs[3]) if tokens_in_rust else None,
@@ -258,7 +307,8 @@ def verify_tree_greedy(
 
     Writes `predicts` (int32 `[bs*N]`: the target's token at each accepted node and at the stop
     node, other entries untouched), `accept_index` (int32 `[bs, S+1]`: global flat indices of
-    the root and the accepted nodes, -1 after them) and `accept_token_num` (int32 `[bs]`: draft
+    the root and the accepted nodes; entries after them untouched, as the kernel leaves them:
+    SGLang allocates it filled with -1) and `accept_token_num` (int32 `[bs]`: draft
     tokens accepted). `candidates` and `retrive_*` are `[bs, N]`; `target_predict` holds the
     target's argmax per node, `[bs, N]` or `[bs*N]`.
     """

@@ -10,7 +10,9 @@ use numpy::{
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 
-use crate::convert::{as_ndarray, check_ndim, is_writeable};
+use specsched_core::kv;
+
+use crate::convert::{as_ndarray, check_ndim, data_ptr, is_writeable};
 
 fn typed<'py, T: numpy::Element>(
     a: &Bound<'py, PyUntypedArray>,
@@ -180,4 +182,51 @@ pub fn fixed<'a, T, D: Dimension>(
 ) -> PyResult<ndarray::ArrayView<'a, T, D>> {
     v.into_dimensionality()
         .map_err(|e| PyValueError::new_err(format!("{arg}: {e}")))
+}
+
+/// The bytes an array argument spans, or None for a non-array (a list is converted to a new
+/// array, which shares memory with nothing) or an empty one.
+fn span(obj: &Bound<'_, PyAny>) -> Option<(usize, usize)> {
+    let a = obj.cast::<PyUntypedArray>().ok()?;
+    let (start, end) = kv::byte_span(
+        data_ptr(a) as usize,
+        a.shape(),
+        a.strides(),
+        a.dtype().itemsize(),
+    );
+    (start < end).then_some((start, end))
+}
+
+/// Refuses an output that may share memory with another output or an input of the same call.
+/// rust-numpy's borrow registry catches that only between views of one base object, and each
+/// torch tensor's numpy view has a base of its own, so two tensors over one storage would be
+/// written (or read while written) through aliased slices. Address ranges, as
+/// `numpy.may_share_memory` compares them.
+pub fn check_outputs_disjoint(
+    outputs: &[(&str, &Bound<'_, PyAny>)],
+    inputs: &[(&str, &Bound<'_, PyAny>)],
+) -> PyResult<()> {
+    let spans = |args: &[(&str, &Bound<'_, PyAny>)]| -> Vec<(usize, usize)> {
+        args.iter()
+            .map(|(_, a)| span(a).unwrap_or((0, 0)))
+            .collect()
+    };
+    let (outs, ins) = (spans(outputs), spans(inputs));
+    let overlap = |a: (usize, usize), b: (usize, usize)| a.0 < b.1 && b.0 < a.1;
+    for (i, &o) in outs.iter().enumerate() {
+        let others = outputs[i + 1..]
+            .iter()
+            .zip(&outs[i + 1..])
+            .chain(inputs.iter().zip(&ins));
+        for ((name, _), &s) in others {
+            if overlap(o, s) {
+                return Err(PyValueError::new_err(format!(
+                    "{} and {name} may share memory (their address ranges overlap): pass \
+                     separate buffers",
+                    outputs[i].0
+                )));
+            }
+        }
+    }
+    Ok(())
 }

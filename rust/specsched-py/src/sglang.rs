@@ -9,7 +9,9 @@ use pyo3::prelude::*;
 use specsched_core::topology::sglang::{self, BuildOut, GreedyIn, MaskOut};
 
 use crate::convert::{owned, IntoPyResult};
-use crate::ndconv::{fixed, float_array, i64_array, out_array, with_float_view};
+use crate::ndconv::{
+    check_outputs_disjoint, fixed, float_array, i64_array, out_array, with_float_view,
+};
 
 type IndexPair<'py> = (Bound<'py, PyArray2<i64>>, Bound<'py, PyArray2<i64>>);
 
@@ -66,6 +68,23 @@ pub fn sglang_build_tree(
     tree_mask_mode: u8,
     tokens: Option<(Bound<'_, PyAny>, Bound<'_, PyAny>, Bound<'_, PyAny>)>,
 ) -> PyResult<()> {
+    let mut outputs = vec![
+        ("tree_mask", tree_mask),
+        ("positions", positions),
+        ("retrive_index", retrive_index),
+        ("retrive_next_token", retrive_next_token),
+        ("retrive_next_sibling", retrive_next_sibling),
+    ];
+    let mut inputs = vec![
+        ("parent_list", parent_list),
+        ("top_scores_index", selected_index),
+        ("seq_lens", seq_lens),
+    ];
+    if let Some((verified_id, draft_tokens, out)) = &tokens {
+        outputs.push(("draft_tokens_out", out));
+        inputs.extend([("verified_id", verified_id), ("draft_tokens", draft_tokens)]);
+    }
+    check_outputs_disjoint(&outputs, &inputs)?;
     let mut token_arrays = match &tokens {
         Some((verified_id, draft_tokens, out)) => Some((
             i64_array(verified_id, "verified_id", 1)?,
@@ -164,6 +183,20 @@ pub fn sglang_verify_tree_greedy(
     retrive_next_sibling: &Bound<'_, PyAny>,
     target_predict: &Bound<'_, PyAny>,
 ) -> PyResult<()> {
+    check_outputs_disjoint(
+        &[
+            ("predicts", predicts),
+            ("accept_index", accept_index),
+            ("accept_token_num", accept_token_num),
+        ],
+        &[
+            ("candidates", candidates),
+            ("retrive_index", retrive_index),
+            ("retrive_next_token", retrive_next_token),
+            ("retrive_next_sibling", retrive_next_sibling),
+            ("target_predict", target_predict),
+        ],
+    )?;
     let c = i64_array(candidates, "candidates", 2)?;
     let ri = i64_array(retrive_index, "retrive_index", 2)?;
     let nt = i64_array(retrive_next_token, "retrive_next_token", 2)?;

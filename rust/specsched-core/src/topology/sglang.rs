@@ -1032,8 +1032,9 @@ pub fn verify_tree_greedy(
         Ok(c)
     };
     for b in 0..bs {
+        // Entries past the path are left as they are, as the kernel leaves them (SGLang
+        // allocates the buffer filled with -1).
         let row = &mut accept_index[b * width..(b + 1) * width];
-        row.fill(-1);
         let mut last = global(b, 0)?;
         row[0] = last as i32;
         let mut k = 0usize;
@@ -1382,7 +1383,8 @@ mod tests {
         let ns = Array2::from_shape_vec((1, 4), vec![-1, 2, -1, -1]).unwrap();
         let target = [7i64, 0, 9, 4];
         let mut pred = vec![0; 4];
-        let mut idx = vec![0; 4];
+        // SGLang's buffer starts at -1; the walk writes the path and leaves the rest.
+        let mut idx = vec![-1; 4];
         let mut num = vec![0; 1];
         verify_tree_greedy(
             GreedyIn {
