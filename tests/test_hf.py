@@ -199,6 +199,8 @@ def test_bad_arguments() -> None:
 
     with pytest.raises(ValueError, match=r"model: NoCache\.forward takes no KV cache"):
         HFTarget(NoCache())
+    with pytest.raises(ValueError, match="training mode"):
+        HFTarget(gpt2().train())
     target = HFTarget(model)
     with pytest.raises(RuntimeError, match="prefill first"):
         target.forward_tree(root_only(np.array([1])))

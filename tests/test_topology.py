@@ -508,6 +508,10 @@ def test_dynamic_builder_bad_input():
         b.start([1, 2], [[1, 2], [3, 4]], lp, active=np.array([1, 0]))
     with pytest.raises(ValueError, match="active: expected a 1-D array, got 2-D"):
         b.start([1, 2], [[1, 2], [3, 4]], lp, active=[[True, False]])
+    with pytest.raises(
+        ValueError, match=r"prefix_lens: 18446744073709551616 does not fit in int64"
+    ):
+        b.start([1, 2], [[1, 2], [3, 4]], lp, prefix_lens=2**64)
     # Positions run to prefix + depth: one past int64 would wrap.
     big = np.array([0, 2**63 - 2], np.int64)
     with pytest.raises(ValueError, match=r"prefix_lens\[1\] = 9223372036854775806 \+ depth 2"):

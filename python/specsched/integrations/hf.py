@@ -128,6 +128,10 @@ class HFTarget:
             )
         if "position_ids" not in params:
             raise ValueError(f"model: {type(model).__name__}.forward takes no `position_ids`")
+        if model.training:
+            # Dropout would make every forward random: verification against it is not the
+            # model's greedy or sampled output (a model built from a config starts in training).
+            raise ValueError("model: is in training mode (dropout active); call model.eval()")
         self.model = model
         self.features = features
         param = next(model.parameters())

@@ -6,13 +6,13 @@ use ndarray::ArrayView1;
 use numpy::{PyArray1, PyArrayDyn, PyArrayMethods};
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyTuple};
+use pyo3::types::{PyDict, PyInt, PyTuple};
 
 use specsched_core::topology::dynamic::{DynamicTreeBuilder, NodeOrder, Step};
 use specsched_core::topology::{self, sequoia};
 
 use crate::buffers::{Layout, Parts, PyDraftBuffers};
-use crate::convert::{bool_vec, owned, scalar_int, type_name, IntoPyResult};
+use crate::convert::{bool_vec, int_arg, owned, scalar_int, type_name, IntoPyResult};
 use crate::ndconv::{f64_vec, fixed, float_array, i64_array, with_float_view};
 use crate::tree::{PyTree, PyTreeBatch};
 
@@ -168,6 +168,10 @@ fn prefix_arg(prefix_lens: Option<&Bound<'_, PyAny>>, b: usize) -> PyResult<Vec<
     };
     if let Some(x) = scalar_int(p) {
         return Ok(vec![x; b]);
+    }
+    if p.is_instance_of::<PyInt>() {
+        // An int outside int64: the argument's own message, not "expected a 1-D array".
+        return int_arg(p, "prefix_lens").map(|x| vec![x; b]);
     }
     Ok(i64_array(p, "prefix_lens", 1)?
         .view()
