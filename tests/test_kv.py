@@ -599,6 +599,15 @@ def test_compact_kv_bad_input():
     unchanged_after(ValueError, "batch_dim", bcache, rb, 0, 1, batch_dim=-2)
     unchanged_after(ValueError, "batch_dim", bcache, rb, 0, 1, batch_dim=3)
     unchanged_after(ValueError, "seq_dim", bcache, rb, 0, 3)
+    # Axes are ints, named when they are not: no PyO3 "cannot be interpreted" or OverflowError.
+    unchanged_after(
+        TypeError, "batch_dim: expected an int, got float", bcache, rb, 0, 1, batch_dim=0.0
+    )
+    unchanged_after(
+        TypeError, "batch_dim: expected an int, got bool", bcache, rb, 0, 1, batch_dim=False
+    )
+    unchanged_after(ValueError, "batch_dim: .* does not fit", bcache, rb, 0, 1, batch_dim=2**70)
+    unchanged_after(TypeError, "seq_dim: expected an int, got bool", bcache, rb, 0, True)
     unchanged_after(ValueError, "cache", bcache[:1], rb, 0, 1)  # batch axis != B
     unchanged_after(ValueError, "cache", np.zeros((3, 8, 3)), rb, 0, 1)
     unchanged_after(ValueError, "cache", bcache, rb, 0, 2, batch_dim=0)  # 3 < 5 positions

@@ -748,3 +748,15 @@ def test_positions_do_not_wrap() -> None:
     except (ValueError, OverflowError):
         return
     assert (pos >= 0).all()
+
+
+def test_batch_positions_past_int64_name_the_row_and_write_nothing():
+    t = ss.Tree([-1, 0, 1], [0, 1, 2])
+    batch = ss.TreeBatch([t, t])
+    out = np.full(6, -7, np.int64)
+    with pytest.raises(ValueError, match=r"prefix_lens\[1\] = 9223372036854775806 \+ tree depth 2"):
+        batch.positions(np.array([3, 2**63 - 2]), out=out)
+    assert (out == -7).all()  # every row is checked before any is written
+    assert batch.positions(np.array([3, 2**63 - 3])).tolist()[3:] == [
+        2**63 - 3 + d for d in range(3)
+    ]

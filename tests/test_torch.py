@@ -574,6 +574,13 @@ def test_cache_buffer_checks_on_tensor_descriptions():
         _core.check_cache_buffers([desc(x[:2]), desc(x[2:, :5])])
     with pytest.raises(ValueError, match="empty"):
         _core.check_cache_buffers([])
+    # A broadcast buffer is refused before any move, by name (the device path writes the
+    # buffers one after another, so the device's own refusal would come too late).
+    wide = torch.zeros(2, 1, 6).expand(2, 10, 6)
+    with pytest.raises(ValueError, match=r"cache\[1\]: has overlapping memory"):
+        _core.check_cache_buffers([desc(x[:2]), desc(wide)])
+    with pytest.raises(ValueError, match=r"^cache: has overlapping memory"):
+        _core.check_cache_buffers([desc(wide)], listed=False)
     # A meta tensor has no memory to describe: refused by name before any check.
     rb = ss.verify(ss.Tree(P5, T5), target_tokens=[11, 14, 0, 0, 77])
     keys = torch.zeros(8, 3)

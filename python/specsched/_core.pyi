@@ -289,10 +289,13 @@ def compact_kv(
     them (one shape, no two sharing memory); returns the committed lengths (a request not
     `active` moves nothing and keeps its prefix)."""
 
-def check_cache_buffers(buffers: list[tuple[int, list[int], list[int], int]]) -> None:
-    """The checks `compact_kv` makes of a list of host buffers, for buffers held elsewhere
-    given as `(address, shape, byte strides, itemsize)`: at least one, one shape, no two that
-    may share memory (ValueError naming the entries)."""
+def check_cache_buffers(
+    buffers: list[tuple[int, list[int], list[int], int]], listed: bool = True
+) -> None:
+    """The checks `compact_kv` makes of host buffers, for buffers held elsewhere given as
+    `(address, shape, byte strides, itemsize)`: at least one, one shape, none whose indices
+    share memory, no two that may share memory (ValueError naming `cache[i]`, or `cache` when
+    not `listed`, or the entries)."""
 
 def cache_moves(
     cache_shape: list[int],

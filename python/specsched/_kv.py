@@ -81,7 +81,9 @@ def compact_kv(
     if _torch.is_tensor(cache):
         _torch.check_has_data(cache, "cache")
         if cache.device.type != "cpu":
-            return _compact_all([cache], result, prefix_lens, seq_dim, batch_dim, active)
+            return _compact_all(
+                [cache], result, prefix_lens, seq_dim, batch_dim, active, listed=False
+            )
         cache = _torch.raw_cpu_view(cache)
     return _core.compact_kv(cache, result, prefix_lens, seq_dim, batch_dim, active)
 
@@ -93,10 +95,12 @@ def _compact_all(
     seq_dim: int,
     batch_dim: int | None,
     active: Any,
+    listed: bool = True,
 ) -> Any:
     """`compact_kv` of a list or tuple of buffers: host ones (numpy, torch CPU) in one Rust
     call, device tensors with one plan and one copy of its indices to the device. One pass over
-    the buffers (a layered cache has dozens), one torch call or two for each."""
+    the buffers (a layered cache has dozens), one torch call or two for each. `listed`: False
+    for the one tensor `compact_kv` was given (messages then name `cache`)."""
     host: list[Any] = []
     devices = set()
     for i, c in enumerate(caches):
@@ -114,7 +118,8 @@ def _compact_all(
     (device,) = devices
     if host:
         raise ValueError(f"cache: host buffers and {device} tensors in one call")
-    _core.check_cache_buffers([_torch.buffer_description(c) for c in caches])
+    # Every check before the first move: the buffers are written one after another.
+    _core.check_cache_buffers([_torch.buffer_description(c) for c in caches], listed)
     req, src, dst, seq, batch, committed = _core.cache_moves(
         list(caches[0].shape), result, prefix_lens, seq_dim, batch_dim, active
     )

@@ -271,6 +271,37 @@ pub fn check_disjoint(parts: &[RawParts]) -> Result<()> {
     }
 }
 
+/// Why a self-overlapping buffer is refused.
+pub const SELF_OVERLAP: &str = "has overlapping memory (a broadcast or self-overlapping view); \
+                                pass a buffer that owns its elements";
+
+/// Whether two indices of a strided layout (`strides` in bytes) share memory: a broadcast
+/// (zero stride) or an overlapping view. Pure arithmetic on the description, so it serves
+/// device memory too.
+pub fn is_self_overlapping(shape: &[usize], strides: &[isize], itemsize: usize) -> bool {
+    if shape.contains(&0) {
+        return false;
+    }
+    // `(|stride|, length)` of the axes that step, innermost last as numpy lays them out.
+    let axes = || {
+        shape
+            .iter()
+            .zip(strides)
+            .filter(|(&n, _)| n > 1)
+            .map(|(&n, &s)| (s.unsigned_abs(), n))
+    };
+    // Strides ascending from the last axis (a C-ordered buffer or a view of one, every cache
+    // a decode loop passes) need no sort and no vector.
+    let disjoint = if axes().rev().map(|(s, _)| s).is_sorted() {
+        steps_past_inner_axes(axes().rev(), itemsize)
+    } else {
+        let mut sorted: Vec<(usize, usize)> = axes().collect();
+        sorted.sort_unstable();
+        steps_past_inner_axes(sorted.into_iter(), itemsize)
+    };
+    !disjoint
+}
+
 /// Whether each axis of `axes` (`(|stride|, length)` by ascending stride) steps past every
 /// byte the axes before it span from one element (`itemsize` bytes): then no two indices
 /// share memory.
@@ -370,33 +401,10 @@ impl StridedMut {
     /// Refuses buffers in which two indices share memory (broadcast or overlapping views):
     /// a move into one would silently change another.
     fn check_no_self_overlap(&self) -> Result<()> {
-        if self.shape.contains(&0) {
-            return Ok(());
-        }
-        // `(|stride|, length)` of the axes that step, innermost last as numpy lays them out.
-        let axes = || {
-            self.shape
-                .iter()
-                .zip(&self.strides)
-                .filter(|(&n, _)| n > 1)
-                .map(|(&n, &s)| (s.unsigned_abs(), n))
-        };
-        // Strides ascending from the last axis (a C-ordered buffer or a view of one, every
-        // cache a decode loop passes) need no sort and no vector.
-        let disjoint = if axes().rev().map(|(s, _)| s).is_sorted() {
-            steps_past_inner_axes(axes().rev(), self.itemsize)
+        if is_self_overlapping(&self.shape, &self.strides, self.itemsize) {
+            Err(Error::value("cache", SELF_OVERLAP))
         } else {
-            let mut sorted: Vec<(usize, usize)> = axes().collect();
-            sorted.sort_unstable();
-            steps_past_inner_axes(sorted.into_iter(), self.itemsize)
-        };
-        if disjoint {
             Ok(())
-        } else {
-            Err(Error::value(
-                "cache",
-                "has overlapping memory (a broadcast or self-overlapping view); pass a buffer that owns its elements",
-            ))
         }
     }
 

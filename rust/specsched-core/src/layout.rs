@@ -409,17 +409,8 @@ pub fn fill_padded_layout(batch: &TreeBatch, prefix: &[usize], out: PaddedOut<'_
         let n = t.num_nodes();
         // The tree's positions as `Tree.positions` writes them; a refusal names this batch's
         // argument and row.
-        let invalid = || {
-            Error::value(
-                "prefix_lens",
-                format!(
-                    "prefix_lens[{tree}] = {pre} + tree depth {} is not a valid int64 position",
-                    t.max_depth
-                ),
-            )
-        };
-        let pre = i64::try_from(pre).map_err(|_| invalid())?;
-        fill_positions(t, pre, &mut positions[..n]).map_err(|_| invalid())?;
+        let pre = batch_prefix(tree, pre, t)?;
+        fill_positions(t, pre, &mut positions[..n])?;
         positions[n..].fill(pre);
         tokens[..n].copy_from_slice(t.tokens);
         tokens[n..].fill(0);
@@ -446,12 +437,35 @@ pub fn fill_batch_packed_mask(batch: &TreeBatch, out: &mut [u32]) -> Result<()> 
     for_each_tree(batch, out, &indptr, |t, _, seg| fill_packed_mask(t, w, seg))
 }
 
-/// Positions `prefix_b + depth` for every node, `[T]`.
+/// Tree `b`'s prefix as an int64 root position, refused (naming the batch's argument and row)
+/// when its deepest node's position would not fit in int64.
+fn batch_prefix(b: usize, prefix: usize, tree: TreeRef<'_>) -> Result<i64> {
+    i64::try_from(prefix)
+        .ok()
+        .filter(|p| p.checked_add(tree.max_depth as i64).is_some())
+        .ok_or_else(|| {
+            Error::value(
+                "prefix_lens",
+                format!(
+                    "prefix_lens[{b}] = {prefix} + tree depth {} is not a valid int64 position",
+                    tree.max_depth
+                ),
+            )
+        })
+}
+
+/// Positions `prefix_b + depth` for every node, `[T]`. Every row is checked before any is
+/// written, so a refused call leaves `out` as it was.
 pub fn fill_batch_positions(batch: &TreeBatch, prefix: &[usize], out: &mut [i64]) -> Result<()> {
+    check_len("prefix_lens", prefix.len(), batch.num_trees())?;
+    let roots = batch
+        .trees()
+        .zip(prefix)
+        .enumerate()
+        .map(|(b, (t, &p))| batch_prefix(b, p, t))
+        .collect::<Result<Vec<i64>>>()?;
     for_each_tree(batch, out, batch.offsets(), |t, b, seg| {
-        let p = i64::try_from(prefix[b])
-            .map_err(|_| Error::value("prefix_len", format!("prefix_lens[{b}] is too large")))?;
-        fill_positions(t, p, seg)
+        fill_positions(t, roots[b], seg)
     })
 }
 

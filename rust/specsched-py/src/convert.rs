@@ -386,6 +386,13 @@ pub fn owned<'py, T: Element>(
 /// An integer argument as `i64`, with a message naming it: PyO3's own extraction error says
 /// only "'float' object cannot be interpreted as an integer".
 pub fn int_arg(obj: &Bound<'_, PyAny>, arg: &str) -> PyResult<i64> {
+    // A bool is a Python int, but `seq_dim=True` or `budget=False` is a mistake, not an axis
+    // or a count.
+    if obj.is_instance_of::<pyo3::types::PyBool>() {
+        return Err(PyTypeError::new_err(format!(
+            "{arg}: expected an int, got bool"
+        )));
+    }
     obj.extract::<i64>().map_err(|e| {
         if e.is_instance_of::<pyo3::exceptions::PyOverflowError>(obj.py()) {
             PyValueError::new_err(format!("{arg}: {obj} does not fit in int64"))
@@ -429,6 +436,17 @@ pub fn opt_max_depth_arg(obj: &Bound<'_, PyAny>) -> PyResult<Option<usize>> {
 pub fn seq_dim_arg(obj: &Bound<'_, PyAny>) -> PyResult<isize> {
     let d = int_arg(obj, "seq_dim")?;
     isize::try_from(d).map_err(|_| PyValueError::new_err(format!("seq_dim: {d} is out of range")))
+}
+
+/// `batch_dim` of the KV functions: None, or an axis (negative counts from the end).
+pub fn batch_dim_arg(obj: &Bound<'_, PyAny>) -> PyResult<Option<isize>> {
+    if obj.is_none() {
+        return Ok(None);
+    }
+    let d = int_arg(obj, "batch_dim")?;
+    isize::try_from(d)
+        .map(Some)
+        .map_err(|_| PyValueError::new_err(format!("batch_dim: {d} is out of range")))
 }
 
 /// The index of `batch[index]` / `result[index]`.

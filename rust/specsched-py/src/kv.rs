@@ -172,7 +172,7 @@ pub fn compact_kv(
     result: &Bound<'_, PyAny>,
     prefix_lens: &Bound<'_, PyAny>,
     #[pyo3(from_py_with = crate::convert::seq_dim_arg)] seq_dim: isize,
-    batch_dim: Option<isize>,
+    #[pyo3(from_py_with = crate::convert::batch_dim_arg)] batch_dim: Option<isize>,
     active: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<Py<PyAny>> {
     let parts = match cache.cast::<PyUntypedArray>() {
@@ -265,12 +265,32 @@ fn same_shape<'a>(mut shapes: impl Iterator<Item = &'a [usize]>) -> PyResult<()>
     Ok(())
 }
 
-/// The checks `compact_kv` makes of a list of host buffers, for buffers held elsewhere (device
-/// tensors) described as `(address, shape, byte strides, itemsize)`: at least one, one shape,
-/// no two that may share memory.
+/// The checks `compact_kv` makes of host buffers, for buffers held elsewhere (device tensors)
+/// described as `(address, shape, byte strides, itemsize)`: at least one, one shape, none whose
+/// indices share memory (a broadcast), no two that may share memory. `listed`: the buffers came
+/// as a list (messages name `cache[i]`), else as the one `cache`.
 #[pyfunction]
-pub fn check_cache_buffers(buffers: Vec<(usize, Vec<usize>, Vec<isize>, usize)>) -> PyResult<()> {
+#[pyo3(signature = (buffers, listed=true))]
+pub fn check_cache_buffers(
+    buffers: Vec<(usize, Vec<usize>, Vec<isize>, usize)>,
+    listed: bool,
+) -> PyResult<()> {
     same_shape(buffers.iter().map(|b| b.1.as_slice()))?;
+    // Before any move: the device path writes each buffer in turn, so a broadcast one found
+    // by the device would come after the others were compacted.
+    for (i, (_, shape, strides, itemsize)) in buffers.iter().enumerate() {
+        if kv::is_self_overlapping(shape, strides, *itemsize) {
+            let arg = if listed {
+                cache_arg(Some(i))
+            } else {
+                cache_arg(None)
+            };
+            return Err(PyValueError::new_err(format!(
+                "{arg}: {}",
+                kv::SELF_OVERLAP
+            )));
+        }
+    }
     // Descriptions only: nothing is read or written through these pointers.
     let parts: Vec<RawParts> = buffers
         .into_iter()
@@ -296,7 +316,7 @@ pub fn cache_moves<'py>(
     result: &Bound<'py, PyAny>,
     prefix_lens: &Bound<'py, PyAny>,
     #[pyo3(from_py_with = crate::convert::seq_dim_arg)] seq_dim: isize,
-    batch_dim: Option<isize>,
+    #[pyo3(from_py_with = crate::convert::batch_dim_arg)] batch_dim: Option<isize>,
     active: Option<&Bound<'py, PyAny>>,
 ) -> PyResult<Bound<'py, PyTuple>> {
     let result = AnyResult::extract(result)?;
