@@ -230,7 +230,9 @@ def _check_prompts(input_ids: Sequence[Sequence[int]], vocab_size: int | None) -
         raise ValueError("input_ids: expected at least one prompt")
     prompts = []
     for b, prompt in enumerate(input_ids):
-        row = np.asarray(prompt.tolist() if _torch.is_tensor(prompt) else prompt)
+        # A tensor (on any device) as a list: numpy reads CPU memory only.
+        tokens: Any = prompt.tolist() if _torch.is_tensor(prompt) else prompt  # type: ignore[attr-defined]
+        row = np.asarray(tokens)
         if row.ndim != 1 or not (row.size == 0 or np.issubdtype(row.dtype, np.integer)):
             raise TypeError(
                 f"input_ids[{b}]: expected a sequence of int token ids, got dtype {row.dtype} "

@@ -149,7 +149,8 @@ class HFTarget:
     def vocab_size(self) -> int:
         """Rows of the input embedding (a resized embedding included): `generate` refuses
         prompt tokens outside it."""
-        return int(self.model.get_input_embeddings().weight.shape[0])
+        model: Any = self.model  # a PreTrainedModel; typed as the nn.Module it is checked as
+        return int(model.get_input_embeddings().weight.shape[0])
 
     @property
     def batch_size(self) -> int:
