@@ -84,6 +84,21 @@ def test_ngram_bad_input() -> None:
         d.propose_batch([])
     with pytest.raises(TypeError, match="context"):
         d.propose(np.zeros(3))
+    # The three entry points take the same contexts: token ids, at least one.
+    assert d.propose_tokens([]).tolist() == []  # vLLM's answer: nothing (no root needed)
+    with pytest.raises(ValueError, match=r"context\[0\] = -1, expected 0 <= token"):
+        d.propose_tokens([-1, 3, -1])
+    with pytest.raises(ValueError, match=r"context\[1\] = 2147483648"):
+        d.propose([1, 2**31])
+    with pytest.raises(ValueError, match=r"contexts\[1\]\[0\] = -5"):
+        d.propose_batch([[1], [-5, 2]])
+    # A max_n past the context changes nothing and allocates nothing past it.
+    huge = ss.NgramDrafter(max_n=2**40)
+    assert (
+        huge.propose_tokens([1, 2, 1]).tolist()
+        == ss.NgramDrafter(max_n=2).propose_tokens([1, 2, 1]).tolist()
+        == [2, 1]
+    )
 
 
 # --- suffix drafter: proposals vs the reference --------------------------------------------------
@@ -272,15 +287,15 @@ def test_suffix_bad_input_names_the_argument_and_keeps_state() -> None:
     d.finish_request(3)
     before = _state(d)
     cases = [
-        (lambda: d.propose(9, 4), ValueError, "request_id"),
-        (lambda: d.propose(2, 4), ValueError, "empty context"),
+        (lambda: d.propose(9, 4), ValueError, "^request_id: unknown request id 9"),
+        (lambda: d.propose(2, 4), ValueError, "^request_id: request id 2 has an empty context"),
         (lambda: d.propose(1, 0), ValueError, "budget"),
         (lambda: d.propose(1, -3), ValueError, "budget"),
         (lambda: d.propose(1, 4, min_prob=0.0), ValueError, "min_prob"),
         (lambda: d.propose(1, 4, min_prob=1.5), ValueError, "min_prob"),
         (lambda: d.propose(1, 4, min_prob=float("nan")), ValueError, "min_prob"),
         (lambda: d.propose(1, 4, max_spec_factor=-1.0), ValueError, "max_spec_factor"),
-        (lambda: d.propose_batch([1, 9], 4), ValueError, "request_ids"),
+        (lambda: d.propose_batch([1, 9], 4), ValueError, "^request_ids: unknown request id 9"),
         (lambda: d.propose_batch([], 4), ValueError, "request_ids"),
         (lambda: d.propose_batch([1, 2], 4), ValueError, "empty context"),
         (lambda: d.propose_batch([1, 1], [4, 0]), ValueError, r"budgets\[1\]"),

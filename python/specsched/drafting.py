@@ -86,8 +86,8 @@ class SuffixTreeDrafter:
 
 
 class NgramChainDrafter:
-    """vLLM's n-gram proposer: the `k` tokens after the latest earlier occurrence of the
-    longest context suffix of length `min_n..max_n`."""
+    """vLLM's n-gram proposer: the `k` tokens after the earliest occurrence of the longest
+    context suffix of length `min_n..max_n` (vLLM's tie rule)."""
 
     def __init__(self, k: int = 5, *, min_n: int = 1, max_n: int = 4) -> None:
         self.proposer = NgramDrafter(min_n=min_n, max_n=max_n, k=k)

@@ -286,8 +286,18 @@ pub struct PyNgramDrafter {
     cfg: NgramConfig,
 }
 
-fn context(obj: &Bound<'_, PyAny>, arg: &str) -> PyResult<Vec<i64>> {
+/// Token ids (`0..=MAX_TOKEN_ID`, as the suffix drafter takes them), possibly none.
+fn token_ids(obj: &Bound<'_, PyAny>, arg: &str) -> PyResult<Vec<i64>> {
     let c = int_list(obj, arg)?;
+    if let Some(msg) = specsched_core::draft::bad_token(arg, &c) {
+        return Err(PyValueError::new_err(msg));
+    }
+    Ok(c)
+}
+
+/// A draft's context: token ids, at least one (the last is the tree's root).
+fn context(obj: &Bound<'_, PyAny>, arg: &str) -> PyResult<Vec<i64>> {
+    let c = token_ids(obj, arg)?;
     if c.is_empty() {
         return Err(PyValueError::new_err(format!(
             "{arg}: empty context: the root of a draft is the last context token"
@@ -340,7 +350,8 @@ impl PyNgramDrafter {
         py: Python<'py>,
         context: &Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyArray1<i64>>> {
-        let c = int_list(context, "context")?;
+        // No root to draft from is needed here: an empty context proposes nothing, as vLLM's.
+        let c = token_ids(context, "context")?;
         let draft = py.detach(|| self.cfg.propose(&c).to_vec());
         Ok(PyArray1::from_vec(py, draft))
     }

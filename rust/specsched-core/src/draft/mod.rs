@@ -18,20 +18,21 @@ pub const MAX_TOKEN_ID: i64 = i32::MAX as i64;
 
 /// Checks every token of `tokens` against `0..=MAX_TOKEN_ID` and converts it to `u32`.
 pub fn check_tokens(arg: &'static str, tokens: &[i64]) -> Result<Vec<u32>> {
-    tokens
+    if let Some(msg) = bad_token(arg, tokens) {
+        return Err(Error::value(arg, msg));
+    }
+    Ok(tokens.iter().map(|&t| t as u32).collect())
+}
+
+/// Why `tokens` (named `arg`) are not token ids: its first entry outside `0..=MAX_TOKEN_ID`.
+pub fn bad_token(arg: &str, tokens: &[i64]) -> Option<String> {
+    let (i, t) = tokens
         .iter()
         .enumerate()
-        .map(|(i, &t)| {
-            if (0..=MAX_TOKEN_ID).contains(&t) {
-                Ok(t as u32)
-            } else {
-                Err(Error::value(
-                    arg,
-                    format!("{arg}[{i}] = {t}, expected 0 <= token <= {MAX_TOKEN_ID}"),
-                ))
-            }
-        })
-        .collect()
+        .find(|(_, t)| !(0..=MAX_TOKEN_ID).contains(*t))?;
+    Some(format!(
+        "{arg}[{i}] = {t}, expected 0 <= token <= {MAX_TOKEN_ID}"
+    ))
 }
 
 /// Starts loading `x`'s cache line (a hint: no effect on any result).

@@ -5,7 +5,8 @@
 //! `c[s..s+l] == c[L-l..L]` (the window starting at `s` equals the last `l` tokens). The best
 //! start maximizes `l(s)`, ties going to the earliest `s`. If that length is at least `min_n`,
 //! the proposal is `c[s+l .. min(s+l+k', L)]` with `k' = min(k, max_model_len - L)`; otherwise
-//! nothing. Cost: one prefix-function pass over the reversed context, O(L) time, O(max_n) memory
+//! nothing. Cost: one prefix-function pass over the reversed context, O(L) time, O(min(max_n, L))
+//! memory
 //! (the same Knuth-Morris-Pratt formulation vLLM compiles with numba).
 
 use rayon::prelude::*;
@@ -58,7 +59,9 @@ impl NgramConfig {
         let k = self.k.min(self.max_model_len - total);
         // r[i] = context[total - 1 - i]: the reversed context, read in place.
         let r = |i: usize| &context[total - 1 - i];
-        let max_n = self.max_n;
+        // A match is at most `total - 1` long: a larger max_n changes nothing, and sizing the
+        // table by it alone would let `max_n = 2**40` allocate terabytes.
+        let max_n = self.max_n.min(total);
         let mut lps = vec![0usize; max_n];
         let (mut longest, mut position, mut prev) = (0usize, 0usize, 0usize);
         let mut i = 1;

@@ -1759,14 +1759,13 @@ impl SuffixDrafter {
         }
     }
 
-    fn check_request(&self, id: i64) -> Result<&Request> {
-        let r = self
-            .requests
-            .get(&id)
-            .ok_or_else(|| unknown("request_ids", id))?;
+    /// The live request `id`, with a context to match; errors name `arg` (`request_id` for
+    /// one proposal, `request_ids` for a batch).
+    fn check_request(&self, id: i64, arg: &'static str) -> Result<&Request> {
+        let r = self.requests.get(&id).ok_or_else(|| unknown(arg, id))?;
         if r.index.num_tokens() == 0 {
             return Err(Error::value(
-                "request_id",
+                arg,
                 format!("request id {id} has an empty context: nothing to match"),
             ));
         }
@@ -1787,7 +1786,7 @@ impl SuffixDrafter {
     }
 
     pub fn propose(&self, id: i64, opt: &ProposeOptions, use_global: bool) -> Result<Proposal> {
-        let r = self.check_request(id)?;
+        let r = self.check_request(id, "request_id")?;
         Ok(self.propose_checked(r, opt, use_global))
     }
 
@@ -1800,7 +1799,7 @@ impl SuffixDrafter {
     ) -> Result<Vec<Proposal>> {
         let reqs = ids
             .iter()
-            .map(|&id| self.check_request(id))
+            .map(|&id| self.check_request(id, "request_ids"))
             .collect::<Result<Vec<_>>>()?;
         Ok(reqs
             .par_iter()
