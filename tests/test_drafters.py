@@ -334,11 +334,25 @@ def test_global_cache_evicts_oldest_first() -> None:
     d.remove_response(3)
     assert d.cached_responses == [4]
     assert d.num_global_tokens == 4
-    # A response over the whole budget does not stay.
+    # A response over the whole budget is never cached: the others stay, and the index does
+    # not grow to hold it (it used to flush every response, then itself).
+    before = d.memory_bytes
     d.start_request(7, [])
     d.append(7, list(range(11)))
     d.finish_request(7)
-    assert d.cached_responses == [] and d.num_global_tokens == 0
+    assert d.cached_responses == [4] and d.num_global_tokens == 4
+    assert d.memory_bytes == before
+
+
+def test_an_emptied_global_cache_gives_its_memory_back() -> None:
+    d = ss.SuffixDrafter(max_depth=32, max_global_tokens=100_000)
+    empty = d.memory_bytes
+    d.start_request(1, [])
+    d.append(1, np.random.default_rng(0).integers(0, 1000, 20_000))
+    d.finish_request(1)
+    assert d.memory_bytes > empty + 20_000 * 4
+    d.remove_response(1)
+    assert d.num_global_tokens == 0 and d.memory_bytes == empty
 
 
 def test_global_cache_is_used_when_it_scores_higher() -> None:

@@ -59,6 +59,9 @@ fuzz_target!(|data: &[u8]| {
                     let resp = ctx[plen..].to_vec();
                     if cache && !resp.is_empty() && max_global > 0 {
                         cached.retain(|c| c.0 != rid);
+                        if resp.len() > max_global {
+                            continue; // alone over the budget: never cached
+                        }
                         cached.push((rid, resp));
                         while cached.iter().map(|c| c.1.len()).sum::<usize>() > max_global {
                             cached.remove(0);

@@ -1665,7 +1665,7 @@ class ReferenceSuffixDrafter:
     """Plain-Python twin of ``ss.SuffixDrafter``: it stores the token lists and counts every
     occurrence by brute force on each proposal. Responses (tokens after the prompt) enter the
     global cache on ``finish_request``; the oldest are evicted while it holds more than
-    ``max_global_tokens`` tokens."""
+    ``max_global_tokens`` tokens, and a response longer than that alone is not cached."""
 
     def __init__(self, max_depth: int = 64, max_global_tokens: int = 1 << 22) -> None:
         self.max_depth = max_depth
@@ -1683,7 +1683,9 @@ class ReferenceSuffixDrafter:
         toks, plen = self.requests.pop(request_id)
         response = toks[plen:]
         if cache and response and self.max_global_tokens > 0:
-            self.responses.pop(request_id, None)
+            self.responses.pop(request_id, None)  # replaced, whether or not the new one fits
+            if len(response) > self.max_global_tokens:
+                return  # alone over the budget: never cached, the others stay
             self.responses[request_id] = response
             while sum(map(len, self.responses.values())) > self.max_global_tokens:
                 del self.responses[next(iter(self.responses))]

@@ -1729,6 +1729,12 @@ impl SuffixDrafter {
                 self.fifo.retain(|&(rid, _)| rid != id);
                 self.global.remove_seq(old);
             }
+            if response.len() > self.max_global_tokens {
+                // It would be evicted at once, after flushing every other response and
+                // growing the index to hold it: never cached, the others stay.
+                self.release_global_if_empty()?;
+                return Ok(());
+            }
             let seq = self.global.add_seq();
             self.global.append(seq, response);
             self.global.seal(seq);
@@ -1739,6 +1745,16 @@ impl SuffixDrafter {
                 self.cached.remove(&rid);
                 self.global.remove_seq(seq);
             }
+            self.release_global_if_empty()?;
+        }
+        Ok(())
+    }
+
+    /// An emptied global index gives its memory back: its arena and tables keep their
+    /// capacity for reuse while it holds anything, but none is needed once it holds nothing.
+    fn release_global_if_empty(&mut self) -> Result<()> {
+        if self.cached.is_empty() && self.global.num_tokens() == 0 {
+            self.global = SuffixIndex::new(self.global.max_depth() as i64)?;
         }
         Ok(())
     }
@@ -1750,7 +1766,7 @@ impl SuffixDrafter {
                 let seq = e.remove();
                 self.fifo.retain(|&(rid, _)| rid != id);
                 self.global.remove_seq(seq);
-                Ok(())
+                self.release_global_if_empty()
             }
             Entry::Vacant(_) => Err(Error::value(
                 "request_id",
