@@ -106,6 +106,9 @@ ROW_CASES = [
     ([2.0, -1.0, 0.5, 0.5, 3.0], 2.5, 0, 0.95),
     ([float("-inf"), 1.0, float("-inf"), 0.0], 1.0, 0, 1.0),
     ([float("inf"), 1.0, float("inf"), 0.0], 1.0, 0, 1.0),
+    # -0.0 and +0.0 are one value: the top-p tie goes to the lower ids, whatever the sign.
+    ([float("-inf"), float("-inf"), 0.0, -0.0, -0.0, 0.0], 1.0, 0, 0.75),
+    ([float("-inf"), 0.0, -0.0, float("-inf"), 0.0, 0.0], 1.0, 0, 0.7),
 ]
 
 
@@ -471,6 +474,39 @@ def test_device_path_flags_nan_and_refuses_host_only_rules():
         ss.verify(t, logits, reduce="device", temperature=1.0, rule="typical")
     with pytest.raises(ValueError, match="top_p"):
         ss.verify(t, logits, reduce="device", temperature=1.0, top_p=2.0)
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_device_path_matches_the_host_at_the_edges(dtype):
+    torch = pytest.importorskip("torch")
+    star = ss.Tree([-1, 0, 0, 0], [9, 0, 1, 2])
+    row = torch.tensor([0.5, 2.0, 1.0, float("-inf")], dtype=getattr(torch, dtype))
+    logits = row.expand(4, 4).contiguous()
+    # Temperatures past float32's range: 1e-50 is the argmax (it cast to 0: 0/0 gave the
+    # invalid token -1), 1e39 near-uniform over the finite logits (it cast to inf: NaN).
+    for temp in (1e-50, 1e39):
+        for seed in range(40):
+            kw = {"temperature": temp, "seed": seed}
+            host = ss.verify(star, logits, reduce="host", **kw)
+            dev = ss.verify(star, logits, reduce="device", **kw)
+            assert dev.tokens.tolist() == host.tokens.tolist(), (temp, seed)
+    # A row with no finite logit: a greedy request still has its argmax (token 0), as on the
+    # host; a sampled one is refused naming why, not as a NaN.
+    dead = torch.full((2, 3), float("-inf"), dtype=getattr(torch, dtype))
+    pair = ss.Tree([-1, 0], [5, 0])
+    for reduce in ("host", "device"):
+        r = ss.verify(pair, dead, reduce=reduce, temperature=0.0, top_p=0.9, seed=1)
+        assert r.tokens.tolist() == [0, 0]
+        with pytest.raises(ValueError, match="row 0 has no finite logit"):
+            ss.verify(pair, dead, reduce=reduce, temperature=1.0, seed=1)
+
+
+def test_target_tokens_the_walk_reads_are_token_ids():
+    t = ss.Tree([-1, 0], [5, 3])
+    with pytest.raises(ValueError, match=r"target_tokens\[1\] = -1: expected a token id"):
+        ss.verify(t, target_tokens=[3, -1])
+    # A row the walk never reads is not checked (as logits rows are not).
+    assert ss.verify(t, target_tokens=[4, -1]).tokens.tolist() == [4]
 
 
 def test_sampled_verify_releases_the_gil():

@@ -45,7 +45,7 @@ fuzz_target!(|data: &[u8]| {
     let refs: Vec<&Tree> = trees.iter().collect();
     let batch = TreeBatch::from_trees(&refs).unwrap();
     let choice: Vec<i64> = (0..batch.num_nodes()).map(|_| b.below(3) as i64).collect();
-    let f = choice_from_tokens(ArrayView1::from(&choice[..]), None, choice.len()).unwrap();
+    let f = choice_from_tokens(ArrayView1::from(&choice[..]), None, None, choice.len()).unwrap();
     let rb = verify_batch(&batch, &f, 1).unwrap();
     let prefix: Vec<i64> = (0..nreq).map(|_| b.below(4) as i64).collect();
     // Requests not active (finished, padding) move nothing.

@@ -243,9 +243,13 @@ class BatchVerifyResult:
         """SGLang `verify_tree_greedy` outputs: (predicts, accept_index, accept_length)."""
 
 def verify_target_tokens(
-    tree: Tree | TreeBatch, target_tokens: npt.ArrayLike, nan_rows: npt.ArrayLike | None = None
+    tree: Tree | TreeBatch,
+    target_tokens: npt.ArrayLike,
+    nan_rows: npt.ArrayLike | None = None,
+    no_finite_rows: npt.ArrayLike | None = None,
 ) -> VerifyResult | BatchVerifyResult:
-    """The walk alone, given the target's choice per node."""
+    """The walk alone, given the target's choice per node (each read one a token id >= 0);
+    `nan_rows` / `no_finite_rows` mark rows the walk must not reach."""
 
 def verify_greedy(
     tree: Tree | TreeBatch, logits: npt.ArrayLike, logits_dtype: str | None = None

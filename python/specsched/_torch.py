@@ -175,14 +175,16 @@ def device_sample(
     top_k: np.ndarray,
     top_p: np.ndarray,
     seed: int,
-) -> tuple[np.ndarray, np.ndarray]:
-    """One target token per node on the logits' device: `(choice int64 [T], invalid bool [T])`.
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """One target token per node on the logits' device: `(choice int64 [T], nan bool [T],
+    no_finite bool [T])`.
 
     The same processing (temperature → top-k → top-p, ties as in docs/api.md) and the same
     counter-based uniform per (seed, request, node) as the host path, drawn by inverse CDF;
-    greedy requests (temperature 0) take the argmax. Rows with a NaN or no finite logit are
-    flagged invalid (an error if the walk reaches them). Every row is processed (the device
-    cannot know the walk); only the `[T]` results cross to the host, in one transfer.
+    greedy requests (temperature 0) take the argmax. Rows with a NaN, and sampled rows with no
+    finite logit (a greedy one still has its argmax, as on the host), are flagged (an error
+    if the walk reaches them). Every row is processed (the device cannot know the walk); only
+    the `[T]` results cross to the host, in one transfer.
     """
     import torch
 
@@ -220,15 +222,20 @@ def device_sample(
         t = torch.as_tensor(per_node(temperature), device=device)
         k = torch.as_tensor(per_node(top_k), device=device)
         p = torch.as_tensor(per_node(top_p), device=device)
-        invalid = torch.isnan(x).any(dim=-1)
+        nan = torch.isnan(x).any(dim=-1)
         greedy_choice = torch.argmax(x, dim=-1)
         m = x.max(dim=-1, keepdim=True).values
-        invalid |= m.squeeze(-1) == float("-inf")
+        sampled = t > 0
+        no_finite = (m.squeeze(-1) == float("-inf")) & sampled & ~nan
         pos_inf = m == float("inf")
         x = torch.where(pos_inf, torch.where(x == float("inf"), 0.0, float("-inf")).to(cdt), x)
         m = torch.where(pos_inf, 0.0, m).to(cdt)
-        sampled = t > 0
-        z = (x - m) / torch.where(sampled, t, 1.0).to(cdt)[:, None]
+        # Temperatures in the compute type's range: cast, 1e-50 would become 0 (0/0 = NaN at
+        # the maximum) and 1e39 inf (-inf/inf = NaN). Clamped, the smallest divides every
+        # gap to -inf and the largest every finite one to ~0, as the host's float64 does.
+        info = torch.finfo(cdt)
+        scale = torch.where(sampled, t, 1.0).clamp(info.tiny, info.max).to(cdt)
+        z = (x - m) / scale[:, None]
         use_k = (k > 0) & (k < vocab)
         if bool(use_k.any()):
             kmax = int(k[use_k].max())
@@ -259,7 +266,7 @@ def device_sample(
         last = torch.where(w > 0, torch.arange(vocab, device=device), -1).max(dim=-1).values
         idx = torch.where(idx >= vocab, last, idx)
         choice = torch.where(sampled, idx, greedy_choice)
-        packed = torch.stack([choice, invalid.to(torch.int64)])
+        packed = torch.stack([choice, nan.to(torch.int64), no_finite.to(torch.int64)])
         if packed.device.type == "cuda":
             host = torch.empty(packed.shape, dtype=torch.int64, pin_memory=True)
             host.copy_(packed, non_blocking=True)
@@ -267,7 +274,7 @@ def device_sample(
         else:
             host = packed
     out = host.numpy()
-    return out[0], out[1].astype(bool)
+    return out[0], out[1].astype(bool), out[2].astype(bool)
 
 
 def compact_on_device(

@@ -230,8 +230,8 @@ def _verify_sampled(
                 f"{core_rule!r} needs logits (and draft_probs) in CPU memory"
             )
         _check_device_inputs(tree, logits)
-        choice, nan_rows = _torch.device_sample(logits, tree, temps, ks, ps, seed)
-        return _core.verify_target_tokens(tree, choice, nan_rows)
+        choice, nan_rows, no_finite_rows = _torch.device_sample(logits, tree, temps, ks, ps, seed)
+        return _core.verify_target_tokens(tree, choice, nan_rows, no_finite_rows)
     if _torch.is_tensor(logits):
         logits, dtype = _torch.cpu_view(logits)
     if draft_probs is not None and _torch.is_tensor(draft_probs):

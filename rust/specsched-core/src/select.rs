@@ -483,7 +483,7 @@ impl LogitsView<'_> {
             LogitsView::BF16(a) => argmax(a.index_axis(Axis(0), row)),
         };
         r.map(|i| i as i64)
-            .ok_or_else(|| crate::verify::nan_row(row))
+            .ok_or_else(|| crate::verify::row_error(row, RowIssue::Nan))
     }
 
     /// The processed distribution of `row` (see [`process_row`]) in `s.w`; returns its mass.
@@ -494,13 +494,7 @@ impl LogitsView<'_> {
             LogitsView::F16(a) => process_row(a.index_axis(Axis(0), row), params, s),
             LogitsView::BF16(a) => process_row(a.index_axis(Axis(0), row), params, s),
         };
-        r.map_err(|issue| match issue {
-            RowIssue::Nan => crate::verify::nan_row(row),
-            RowIssue::NoFiniteLogit => Error::value(
-                "logits",
-                format!("row {row} has no finite logit; it defines no distribution"),
-            ),
-        })
+        r.map_err(|issue| crate::verify::row_error(row, issue))
     }
 
     /// The target's token at `row`: the argmax when `params` is greedy, else a draw from the
@@ -779,8 +773,14 @@ fn top_p(s: &mut Scratch, p: f64, total: f64) -> f64 {
             s.cand.push((z, i as u32));
         }
     }
-    s.cand
-        .sort_unstable_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+    // IEEE order, as the keep test below compares: -0.0 and +0.0 are one value, so their
+    // tokens tie to the lower id (`total_cmp` ranks +0.0 first and broke that rule). The
+    // candidates hold weight, so no z is NaN.
+    s.cand.sort_unstable_by(|a, b| {
+        b.0.partial_cmp(&a.0)
+            .unwrap_or(std::cmp::Ordering::Equal)
+            .then(a.1.cmp(&b.1))
+    });
     let mut cut = s.cand[0];
     for &(z, i) in &s.cand {
         if before >= target {

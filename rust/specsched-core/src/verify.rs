@@ -18,7 +18,9 @@ use rayon::prelude::*;
 
 use crate::error::{Error, Result};
 use crate::rng;
-use crate::select::{sample_weights, with_scratch, LogitsView, ProbsView, SamplingParams};
+use crate::select::{
+    sample_weights, with_scratch, LogitsView, ProbsView, RowIssue, SamplingParams,
+};
 use crate::tree::{IndexLike, TreeBatch, TreeRef};
 
 /// Walks one tree. `choose(v)` returns the target's token after tree-local node `v`.
@@ -180,11 +182,14 @@ where
 }
 
 /// A per-node choice array (`[T]`), e.g. the device argmax or the target's sampled tokens.
-/// `invalid_rows[g]`, when given, marks nodes whose target output was NaN: the walk fails if
-/// it reaches one (the device reduction cannot know which rows the walk will visit).
+/// `nan_rows[g]` / `no_finite_rows[g]`, when given, mark nodes whose target output held a NaN
+/// or no finite logit: the walk fails if it reaches one, with the host path's message (the
+/// device reduction cannot know which rows the walk will visit). A choice the walk reads must
+/// be a token id (>= 0): -1 is the results' padding.
 pub fn choice_from_tokens<'a, I: IndexLike>(
     target: ndarray::ArrayView1<'a, I>,
-    invalid_rows: Option<ndarray::ArrayView1<'a, bool>>,
+    nan_rows: Option<ndarray::ArrayView1<'a, bool>>,
+    no_finite_rows: Option<ndarray::ArrayView1<'a, bool>>,
     num_nodes: usize,
 ) -> Result<impl Fn(usize) -> Result<i64> + Sync + 'a> {
     if target.len() != num_nodes {
@@ -196,29 +201,44 @@ pub fn choice_from_tokens<'a, I: IndexLike>(
             ),
         ));
     }
-    if let Some(inv) = &invalid_rows {
-        if inv.len() != num_nodes {
+    for (name, rows) in [("nan_rows", &nan_rows), ("no_finite_rows", &no_finite_rows)] {
+        if let Some(rows) = rows.filter(|r| r.len() != num_nodes) {
             return Err(Error::value(
-                "nan_rows",
+                name,
                 format!(
                     "has {} entries, expected one per tree node ({num_nodes})",
-                    inv.len()
+                    rows.len()
                 ),
             ));
         }
     }
-    Ok(move |g: usize| match &invalid_rows {
-        Some(inv) if inv[g] => Err(nan_row(g)),
-        _ => Ok(target[g].to_i64()),
+    let flagged =
+        |rows: &Option<ndarray::ArrayView1<'a, bool>>, g: usize| rows.is_some_and(|r| r[g]);
+    Ok(move |g: usize| {
+        if flagged(&nan_rows, g) {
+            return Err(row_error(g, RowIssue::Nan));
+        }
+        if flagged(&no_finite_rows, g) {
+            return Err(row_error(g, RowIssue::NoFiniteLogit));
+        }
+        let t = target[g].to_i64();
+        if t < 0 {
+            return Err(Error::value(
+                "target_tokens",
+                format!("target_tokens[{g}] = {t}: expected a token id >= 0"),
+            ));
+        }
+        Ok(t)
     })
 }
 
-/// The error for a NaN in a row the walk reads.
-pub fn nan_row(row: usize) -> Error {
-    Error::value(
-        "logits",
-        format!("row {row} contains NaN; the target's output is invalid"),
-    )
+/// The error for a row the walk reads that defines no choice.
+pub fn row_error(row: usize, issue: RowIssue) -> Error {
+    let why = match issue {
+        RowIssue::Nan => "contains NaN; the target's output is invalid",
+        RowIssue::NoFiniteLogit => "has no finite logit; it defines no distribution",
+    };
+    Error::value("logits", format!("row {row} {why}"))
 }
 
 /// SGLang's `verify_tree_greedy` outputs for a verified batch: `predicts [T]` (the target's
@@ -690,7 +710,7 @@ mod tests {
         // 0 -> {1: tok 5, 2: tok 7}; 2 -> {3: tok 9}
         let t = Tree::new(&[-1, 0, 0, 2], &[1, 5, 7, 9]).unwrap();
         let target = [7i64, 0, 9, 4];
-        let f = choice_from_tokens(ArrayView1::from(&target), None, 4).unwrap();
+        let f = choice_from_tokens(ArrayView1::from(&target), None, None, 4).unwrap();
         let r = verify_tree(t.view(), &f).unwrap();
         assert_eq!(r.accepted_nodes, [0, 2, 3]);
         assert_eq!(r.tokens, [7, 9, 4]);
@@ -708,12 +728,13 @@ mod tests {
         )
         .unwrap();
         let target = [4i64, 0, 5, 6, 8];
-        let f = choice_from_tokens(ArrayView1::from(&target), None, 5).unwrap();
+        let f = choice_from_tokens(ArrayView1::from(&target), None, None, 5).unwrap();
         let r = verify_batch(&b, f, 1).unwrap();
         let invalid = [false, false, false, true, false];
         let g = choice_from_tokens(
             ArrayView1::from(&target),
             Some(ArrayView1::from(&invalid)),
+            None,
             5,
         );
         let err = verify_batch(&b, g.unwrap(), 1).unwrap_err();
@@ -726,7 +747,7 @@ mod tests {
         assert_eq!(pred, [4, 0, 5, 6, 8]);
         assert_eq!(idx, [0, -1, -1, 2, 3, 4]);
         assert_eq!(len, [0, 2]);
-        assert!(choice_from_tokens(ArrayView1::from(&target), None, 4).is_err());
+        assert!(choice_from_tokens(ArrayView1::from(&target), None, None, 4).is_err());
     }
     /// Index drawn from `q` with uniform `u` (inverse CDF).
     fn draw(q: &[f64], u: f64) -> usize {

@@ -93,7 +93,7 @@ proptest! {
         let t = Tree::new(&parents, &tokens).unwrap();
         let n = t.num_nodes();
         let target = &seed[..n];
-        let choose = choice_from_tokens(ArrayView1::from(target), None, n).unwrap();
+        let choose = choice_from_tokens(ArrayView1::from(target), None, None, n).unwrap();
         let r = verify_tree(t.view(), &choose).unwrap();
         let k = r.num_accepted();
         prop_assert_eq!(r.accepted_nodes[0], 0);

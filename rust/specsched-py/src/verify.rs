@@ -214,25 +214,31 @@ where
     }
 }
 
-/// The walk alone, given the target's choice per node (`[N]` or `[T]`); `nan_rows` (bool)
-/// marks nodes whose target output held a NaN, an error if the walk reaches one.
+/// The walk alone, given the target's choice per node (`[N]` or `[T]`); `nan_rows` /
+/// `no_finite_rows` (bool) mark nodes whose target output held a NaN / no finite logit, an
+/// error if the walk reaches one.
 #[pyfunction]
-#[pyo3(signature = (tree, target_tokens, nan_rows=None))]
+#[pyo3(signature = (tree, target_tokens, nan_rows=None, no_finite_rows=None))]
 pub fn verify_target_tokens(
     py: Python<'_>,
     tree: &Bound<'_, PyAny>,
     target_tokens: &Bound<'_, PyAny>,
     nan_rows: Option<&Bound<'_, PyAny>>,
+    no_finite_rows: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<Py<PyAny>> {
     let tree = AnyTree::extract(tree)?;
     let arr = int_array1(target_tokens, "target_tokens", true)?;
-    let invalid = match nan_rows {
-        None => None,
-        Some(obj) => Some(bool_array1(obj, "nan_rows")?),
-    };
-    let invalid_view = invalid.as_ref().map(|a| a.as_array());
+    let nan = nan_rows.map(|o| bool_array1(o, "nan_rows")).transpose()?;
+    let no_finite = no_finite_rows
+        .map(|o| bool_array1(o, "no_finite_rows"))
+        .transpose()?;
+    let (nan_view, no_finite_view) = (
+        nan.as_ref().map(|a| a.as_array()),
+        no_finite.as_ref().map(|a| a.as_array()),
+    );
     with_int_view!(arr, v => {
-        let choose = verify::choice_from_tokens(v, invalid_view, tree.num_nodes()).py()?;
+        let choose =
+            verify::choice_from_tokens(v, nan_view, no_finite_view, tree.num_nodes()).py()?;
         run(py, &tree, choose, 1)
     })
 }
