@@ -501,14 +501,6 @@ def test_device_path_matches_the_host_at_the_edges(dtype):
             ss.verify(pair, dead, reduce=reduce, temperature=1.0, seed=1)
 
 
-def test_target_tokens_the_walk_reads_are_token_ids():
-    t = ss.Tree([-1, 0], [5, 3])
-    with pytest.raises(ValueError, match=r"target_tokens\[1\] = -1: expected a token id"):
-        ss.verify(t, target_tokens=[3, -1])
-    # A row the walk never reads is not checked (as logits rows are not).
-    assert ss.verify(t, target_tokens=[4, -1]).tokens.tolist() == [4]
-
-
 def test_sampled_verify_releases_the_gil():
     """While a thread samples a large batch in Rust, Python keeps running in another thread."""
 

@@ -248,8 +248,8 @@ def verify_target_tokens(
     nan_rows: npt.ArrayLike | None = None,
     no_finite_rows: npt.ArrayLike | None = None,
 ) -> VerifyResult | BatchVerifyResult:
-    """The walk alone, given the target's choice per node (each read one a token id >= 0);
-    `nan_rows` / `no_finite_rows` mark rows the walk must not reach."""
+    """The walk alone, given the target's choice per node; `nan_rows` / `no_finite_rows` mark
+    rows the walk must not reach."""
 
 def verify_greedy(
     tree: Tree | TreeBatch, logits: npt.ArrayLike, logits_dtype: str | None = None

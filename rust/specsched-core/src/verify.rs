@@ -184,8 +184,9 @@ where
 /// A per-node choice array (`[T]`), e.g. the device argmax or the target's sampled tokens.
 /// `nan_rows[g]` / `no_finite_rows[g]`, when given, mark nodes whose target output held a NaN
 /// or no finite logit: the walk fails if it reaches one, with the host path's message (the
-/// device reduction cannot know which rows the walk will visit). A choice the walk reads must
-/// be a token id (>= 0): -1 is the results' padding.
+/// device reduction cannot know which rows the walk will visit). A negative choice matches no
+/// draft: the walk stops there with it as the bonus (`sim.replay` marks the end of a known
+/// continuation with -1).
 pub fn choice_from_tokens<'a, I: IndexLike>(
     target: ndarray::ArrayView1<'a, I>,
     nan_rows: Option<ndarray::ArrayView1<'a, bool>>,
@@ -221,14 +222,7 @@ pub fn choice_from_tokens<'a, I: IndexLike>(
         if flagged(&no_finite_rows, g) {
             return Err(row_error(g, RowIssue::NoFiniteLogit));
         }
-        let t = target[g].to_i64();
-        if t < 0 {
-            return Err(Error::value(
-                "target_tokens",
-                format!("target_tokens[{g}] = {t}: expected a token id >= 0"),
-            ));
-        }
-        Ok(t)
+        Ok(target[g].to_i64())
     })
 }
 
