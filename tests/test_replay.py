@@ -79,6 +79,12 @@ def test_replay_bad_input() -> None:
         sim.replay([([], [1])], "ngram", 4)
     with pytest.raises(ValueError, match="kind"):
         sim.stdlib_workload("poems")
+    with pytest.raises(ValueError, match="max_len: must be >= 2"):
+        sim.stdlib_workload("continue", max_len=1)
+    # A short max_len still leaves each `similar` request a continuation (a 200-byte prompt
+    # of a 150-byte text left none, an error naming the workload instead of --max-len).
+    short = sim.stdlib_workload("similar", requests=3, max_len=150)
+    assert all(len(prompt) == 75 and len(cont) == 75 for prompt, cont in short)
 
 
 def test_cli_replay(capsys: pytest.CaptureFixture[str]) -> None:

@@ -188,6 +188,8 @@ def test_measure_host_overhead_is_positive_and_grows_with_batch() -> None:
         (lambda: sim.simulate(3, 0.5, 10, seed=-1), "seed"),
         (lambda: sim.simulate(3, 0.5, 10, threads=0), "threads"),
         (lambda: CostModel(t_target_ms=0), "t_target_ms"),
+        # An infinite forward made every speed-up nan.
+        (lambda: CostModel(t_target_ms=math.inf), "t_target_ms: inf, expected a finite"),
         (lambda: CostModel(t_target_ms=10, t_host_ms=-1), "t_host_ms"),
         (lambda: sim.speedup(0.5, 4, 3, CostModel(10)), "expected_tokens"),
     ],

@@ -73,6 +73,21 @@ def _methods(target: Any, head: Any, budget: int, metrics: dict[str, Any]) -> di
     }
 
 
+def _check_device(torch: Any, name: str) -> None:
+    """`--device` as a ValueError (the CLI's one-line exit 2) rather than torch's traceback."""
+    try:
+        device = torch.device(name)
+    except RuntimeError as e:
+        raise ValueError(f"--device {name!r}: {e}") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"--device {name!r}: torch sees no CUDA device here")
+    if device.type not in ("cpu", "cuda"):
+        available = getattr(torch, device.type, None)
+        is_available = getattr(available, "is_available", None)
+        if is_available is not None and not is_available():
+            raise ValueError(f"--device {name!r}: torch sees no {device.type} device here")
+
+
 def demo_command(args: argparse.Namespace) -> int:
     try:
         import torch
@@ -88,6 +103,7 @@ def demo_command(args: argparse.Namespace) -> int:
         raise ValueError("--threads must be >= 0")
     if args.threads:
         torch.set_num_threads(args.threads)
+    _check_device(torch, args.device)
     meta = json.loads((WEIGHTS_DIR / "config.json").read_text())
     target, head = load_tiny(device=args.device)
     prompts = [list(p) for p in DEMO_PROMPTS]

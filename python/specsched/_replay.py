@@ -204,13 +204,16 @@ def stdlib_workload(
     - `continue`: prompt = the first half of a file, continuation = the rest.
     - `edit`: prompt = a file and an instruction line, continuation = the file with small
       edits (code editing / agentic rewriting).
-    - `similar`: prompt = the first 200 bytes of a file, continuation = the rest, over files of
-      one package in order, so earlier responses help later ones (the global cache).
+    - `similar`: prompt = the first 200 bytes of a file (at most half of `max_len`),
+      continuation = the rest, over files of one package in order, so earlier responses help
+      later ones (the global cache).
     """
     if kind not in WORKLOADS:
         raise ValueError(f"kind: expected one of {', '.join(WORKLOADS)}, got {kind!r}")
-    if requests < 1 or max_len < 2:
-        raise ValueError("requests: must be >= 1 and max_len >= 2")
+    if requests < 1:
+        raise ValueError(f"requests: must be >= 1, got {requests}")
+    if max_len < 2:
+        raise ValueError(f"max_len: must be >= 2 (a prompt and a continuation), got {max_len}")
     rng = random.Random(seed)
     files = [p for p in stdlib_files() if p.stat().st_size >= 400]
     if kind == "similar":
@@ -233,7 +236,9 @@ def stdlib_workload(
                 (list(text + b"\n# Rewrite the file above with small edits.\n"), list(edited))
             )
         else:
-            out.append((list(text[:200]), list(text[200:])))
+            # A short max_len keeps a continuation (200 bytes of 150 would leave none).
+            head = min(200, len(text) // 2)
+            out.append((list(text[:head]), list(text[head:])))
     return out
 
 

@@ -318,10 +318,15 @@ class CostModel:
     concurrency: int = 1
 
     def __post_init__(self) -> None:
-        for name in ("t_target_ms", "knee_tokens"):
+        # knee_tokens may be infinite (verification free at any size); a forward's time may
+        # not: every speed-up would come out as nan.
+        for name, finite in (("t_target_ms", True), ("knee_tokens", False)):
             v = getattr(self, name)
-            if not (isinstance(v, (int, float)) and v > 0 and not math.isnan(v)):
-                raise ValueError(f"{name}: {v!r}, expected a positive number")
+            if not (isinstance(v, (int, float)) and v > 0 and not math.isnan(v)) or (
+                finite and not math.isfinite(v)
+            ):
+                kind = "a finite positive" if finite else "a positive"
+                raise ValueError(f"{name}: {v!r}, expected {kind} number")
         for name in ("t_draft_ms", "t_host_ms"):
             v = getattr(self, name)
             if not (isinstance(v, (int, float)) and v >= 0 and math.isfinite(v)):
