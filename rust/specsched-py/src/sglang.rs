@@ -68,23 +68,36 @@ pub fn sglang_build_tree(
     tree_mask_mode: u8,
     tokens: Option<(Bound<'_, PyAny>, Bound<'_, PyAny>, Bound<'_, PyAny>)>,
 ) -> PyResult<()> {
-    let mut outputs = vec![
+    let outputs = [
         ("tree_mask", tree_mask),
         ("positions", positions),
         ("retrive_index", retrive_index),
         ("retrive_next_token", retrive_next_token),
         ("retrive_next_sibling", retrive_next_sibling),
     ];
-    let mut inputs = vec![
+    let inputs = [
         ("parent_list", parent_list),
         ("top_scores_index", selected_index),
         ("seq_lens", seq_lens),
     ];
-    if let Some((verified_id, draft_tokens, out)) = &tokens {
-        outputs.push(("draft_tokens_out", out));
-        inputs.extend([("verified_id", verified_id), ("draft_tokens", draft_tokens)]);
+    // Fixed arrays, not vectors: no allocation on a call whose binding costs a few µs.
+    match &tokens {
+        Some((verified_id, draft_tokens, out)) => {
+            let [a, b, c, d, e] = outputs;
+            let [f, g, h] = inputs;
+            check_outputs_disjoint(
+                &[a, b, c, d, e, ("draft_tokens_out", out)],
+                &[
+                    f,
+                    g,
+                    h,
+                    ("verified_id", verified_id),
+                    ("draft_tokens", draft_tokens),
+                ],
+            )?;
+        }
+        None => check_outputs_disjoint(&outputs, &inputs)?,
     }
-    check_outputs_disjoint(&outputs, &inputs)?;
     let mut token_arrays = match &tokens {
         Some((verified_id, draft_tokens, out)) => Some((
             i64_array(verified_id, "verified_id", 1)?,
