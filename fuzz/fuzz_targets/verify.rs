@@ -59,14 +59,14 @@ fuzz_target!(|data: &[u8]| {
 
     // Greedy over target tokens.
     let choice: Vec<i64> = (0..n).map(|_| b.below(vocab) as i64).collect();
-    let f = choice_from_tokens(ArrayView1::from(&choice[..]), None, n).unwrap();
+    let f = choice_from_tokens(ArrayView1::from(&choice[..]), None, None, n).unwrap();
     let r = verify_tree(t.view(), &f).unwrap();
     let (acc, emi) = model_walk(&p, &tok, &choice);
     assert_eq!((r.accepted_nodes.clone(), r.tokens.clone()), (acc, emi));
-    assert!(choice_from_tokens(ArrayView1::from(&choice[..]), None, n + 1).is_err());
+    assert!(choice_from_tokens(ArrayView1::from(&choice[..]), None, None, n + 1).is_err());
     let batch = TreeBatch::from_trees(&[&t, &t]).unwrap();
     let twice: Vec<i64> = choice.iter().chain(&choice).copied().collect();
-    let f2 = choice_from_tokens(ArrayView1::from(&twice[..]), None, 2 * n).unwrap();
+    let f2 = choice_from_tokens(ArrayView1::from(&twice[..]), None, None, 2 * n).unwrap();
     let rb = verify_batch(&batch, &f2, 1).unwrap();
     assert_eq!(rb.get(0), r);
     assert_eq!(rb.get(1), r);
