@@ -145,8 +145,12 @@ BUILDER_DRAWS = (st.integers(1, 3), st.integers(1, 3), st.integers(1, 4), st.dat
 
 
 @settings(max_examples=60, deadline=None)
-@given(*BUILDER_DRAWS, st.sampled_from([np.float32, np.float64]))
-def test_dynamic_builder_matches_reference(batch, topk, depth, data, fdt):
+@given(
+    *BUILDER_DRAWS,
+    st.sampled_from([np.float32, np.float64]),
+    st.sampled_from([np.int32, np.int64]),
+)
+def test_dynamic_builder_matches_reference(batch, topk, depth, data, fdt, idt):
     budget, rng = drawn_budget_and_rng(data, topk, depth)
     steps = data.draw(st.integers(1, depth))
     rust = ss.DynamicTreeBuilder(batch, topk, depth, budget)
@@ -155,14 +159,21 @@ def test_dynamic_builder_matches_reference(batch, topk, depth, data, fdt):
     tok, lp = random_step(rng, (batch, topk))
     prefix = rng.integers(0, 9, size=batch)
     active = drawn_active(data, batch)
-    got = rust.start(roots, tok, lp.astype(fdt), prefix_lens=prefix, active=active)
+    # Token and length arrays in either index width: the binding widens int32 itself.
+    got = rust.start(
+        roots.astype(idt),
+        tok.astype(idt),
+        lp.astype(fdt),
+        prefix_lens=prefix.astype(idt),
+        active=active,
+    )
     want = oracle.start(roots.tolist(), tok.tolist(), lp.tolist(), prefix.tolist(), active)
     assert as_lists(got) == [list(w) for w in want]
     # Unsorted rows and strided inputs reach the same selection as a draft's sorted top-k.
     sort, layout = data.draw(st.booleans()), data.draw(st.sampled_from([np.asarray, strided]))
     for _ in range(steps - 1):
         tok, lp = random_step(rng, (batch, topk, topk), sort=sort)
-        got = rust.expand(layout(tok), layout(lp.astype(fdt)))
+        got = rust.expand(layout(tok.astype(idt)), layout(lp.astype(fdt)))
         want = oracle.expand(tok.tolist(), lp.tolist())
         assert as_lists(got) == [list(w) for w in want]
         assert got[2].shape == (batch, topk, rust.level * topk)
@@ -191,8 +202,8 @@ def in_place_step(builder):
 
 
 @settings(max_examples=60, deadline=None)
-@given(*BUILDER_DRAWS, st.sampled_from([np.int32, np.int64]))
-def test_dynamic_builder_in_place_matches_reference(batch, topk, depth, data, idt):
+@given(*BUILDER_DRAWS)
+def test_dynamic_builder_in_place_matches_reference(batch, topk, depth, data):
     """`start_in_place` / `expand_in_place` read the inputs the caller wrote into `buffers`
     and write the reference's steps there; `build` is the reference's too. The same builder
     then drafts a second tree (of another depth) as a fresh reference does."""
@@ -208,7 +219,7 @@ def test_dynamic_builder_in_place_matches_reference(batch, topk, depth, data, id
         prefix = rng.integers(0, 9, size=batch)
         active = data.draw(st.lists(st.booleans(), min_size=batch, max_size=batch))
         buf.topk_tokens[:, 0], buf.topk_logprobs[:, 0] = tok, lp
-        buf.root_tokens[:], buf.prefix_lens[:] = roots.astype(idt), prefix.astype(idt)
+        buf.root_tokens[:], buf.prefix_lens[:] = roots, prefix  # int64 buffers
         buf.active[:] = active
         settled = rust.start_in_place()
         want = oracle.start(roots.tolist(), tok.tolist(), lp.tolist(), prefix.tolist(), active)
