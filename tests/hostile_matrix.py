@@ -356,10 +356,10 @@ def verify_cases() -> None:
         fn,
         "both logits and tokens",
         TypeError,
-        "verify",
+        "logits / target_tokens",
         lambda: ss.verify(TREE, lg, target_tokens=TARGET),
     )
-    bad(fn, "neither", TypeError, "verify", lambda: ss.verify(TREE))
+    bad(fn, "neither", TypeError, "logits / target_tokens", lambda: ss.verify(TREE))
     bad(fn, "not a tree", TypeError, "tree", lambda: ss.verify([0, 1], lg))
     tt = TARGET.copy()
     bad(
@@ -929,7 +929,7 @@ def builder_cases() -> None:
         fn,
         "tree with batch result",
         TypeError,
-        "update",
+        "tree / result",
         lambda: ss.AcceptanceStats().update(TREE, BRESULT),
     )
 
@@ -1337,7 +1337,7 @@ def more_cases() -> None:
     )
     bad(fn + ".optimal_tree", "budget 0", ValueError, "budget", lambda: st.optimal_tree(0))
     bad(fn + ".merge", "not stats", TypeError, "other", lambda: st.merge(TREE))
-    bad(fn + ".update", "not a tree", TypeError, "update", lambda: st.update([0], RESULT))
+    bad(fn + ".update", "not a tree", TypeError, "tree / result", lambda: st.update([0], RESULT))
     twice = ss.AcceptanceStats()
     twice.update(TREE, RESULT)
     same(

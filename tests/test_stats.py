@@ -114,7 +114,7 @@ def test_empty_stats_and_bad_input():
     assert stats.steps == 0 and stats.trials.shape == (0, 0)
     with pytest.raises(ValueError, match="3 nodes"):
         stats.update(ss.Tree([-1, 0], [0, 1]), r)
-    with pytest.raises(TypeError, match="update"):
+    with pytest.raises(TypeError, match=r"^tree / result: expected \(Tree, VerifyResult\)"):
         stats.update(tree, "result")
     rb = ss.verify(ss.TreeBatch([tree, tree]), target_tokens=np.array([1, 0, 0, 2, 0, 0]))
     with pytest.raises(ValueError, match="different tree sizes"):

@@ -560,6 +560,9 @@ def test_bad_input():
     t = ss.Tree(P5, T5)
     b = ss.TreeBatch([t, ss.Tree.chain([1, 2])])
     x = np.zeros((5, 10), dtype=np.float32)
+    for both_or_neither in ({}, {"logits": x, "target_tokens": [0] * 5}):
+        with pytest.raises(TypeError, match=r"^logits / target_tokens: pass exactly one"):
+            ss.verify(t, **both_or_neither)
     with pytest.raises(ValueError, match="logits"):
         ss.verify(t, np.zeros((4, 10), dtype=np.float32))
     with pytest.raises(ValueError, match="logits"):

@@ -66,7 +66,7 @@ def verify(
     the output distribution (lossy) and is never the default.
     """
     if (logits is None) == (target_tokens is None):
-        raise TypeError("verify: pass exactly one of logits or target_tokens")
+        raise TypeError("logits / target_tokens: pass exactly one of them")
     if reduce not in ("auto", "host", "device"):
         raise ValueError(f"reduce: expected 'auto', 'host' or 'device', got {reduce!r}")
     sampling = not (

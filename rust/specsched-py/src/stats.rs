@@ -58,7 +58,7 @@ impl PyAcceptanceStats {
             return self.inner.observe_batch(b, r).py();
         }
         Err(PyTypeError::new_err(format!(
-            "update: expected (Tree, VerifyResult) or (TreeBatch, BatchVerifyResult), got ({}, {})",
+            "tree / result: expected (Tree, VerifyResult) or (TreeBatch, BatchVerifyResult), got ({}, {})",
             type_name(tree),
             type_name(result)
         )))
