@@ -774,3 +774,34 @@ def test_bool_prefix_is_refused() -> None:
     r = ss.verify(ss.Tree([-1, 0, 0], [0, 1, 2]), target_tokens=[2, 0, 0])
     with pytest.raises(TypeError, match="prefix_lens"):
         ss.kv_compaction_plan(r, True)
+
+
+def test_bool_arguments_read_any_nonzero_byte_as_true():
+    # numpy lets any byte sit in a bool array (a uint8 array viewed as bool); Rust reads the
+    # bytes, so 2 or 255 is True, never a `bool` holding an invalid value.
+    t = ss.Tree([-1, 0, 0], [0, 1, 2])
+    rb = ss.verify(ss.TreeBatch([t, t, t]), target_tokens=[2, 0, 0] * 3)  # accepts node 2
+    odd = np.array([2, 0, 255], np.uint8).view(bool)
+    plain = np.array([True, False, True])
+    want = ss.kv_compaction_plan(rb, [0, 0, 0], active=plain)
+    got = ss.kv_compaction_plan(rb, [0, 0, 0], active=odd)
+    assert [g.tolist() for g in got] == [w.tolist() for w in want]
+    assert [g.tolist() for g in want] == [[0, 2], [2, 2], [1, 1]]
+    b = ss.DynamicTreeBuilder(3, 2, 2, 3)
+    b.start([1, 2, 3], [[4, 5]] * 3, [[-0.1, -1.0]] * 3, active=odd)
+    assert b.build()[0].offsets.tolist() == [0, 3, 4, 7]
+
+
+def test_buffer_descriptions_past_the_address_space_are_refused():
+    # The device path's descriptions come from tensors; a hostile one must not wrap the
+    # overlap arithmetic into "disjoint".
+    from specsched import _core
+
+    with pytest.raises(ValueError, match="cache: has overlapping memory"):
+        _core.check_cache_buffers([(4096, [3, 2**62], [8, 4], 4)], False)
+    with pytest.raises(ValueError, match="may share memory"):
+        # The first ends past the top of the address space: it would wrap to look disjoint.
+        _core.check_cache_buffers([(2**64 - 64, [16], [8], 8), (64, [16], [8], 8)])
+    with pytest.raises(ValueError, match=r"cache\[0\]: 2 axes but 1 strides"):
+        _core.check_cache_buffers([(4096, [4, 4], [16], 4)])
+    _core.check_cache_buffers([(4096, [4, 4], [16, 4], 4), (8192, [4, 4], [16, 4], 4)])

@@ -211,19 +211,28 @@ pub fn byte_span(
     if shape.contains(&0) {
         return (addr, addr);
     }
+    // A description whose reach does not fit the address space (only a hostile one: a real
+    // buffer cannot) spans everything, so it overlaps whatever it is compared with.
+    let everything = (0, usize::MAX);
     let (mut low, mut high) = (0isize, 0isize);
     for (&n, &s) in shape.iter().zip(strides) {
-        let reach = (n as isize - 1) * s;
-        if reach < 0 {
-            low += reach;
-        } else {
-            high += reach;
-        }
+        let Some(reach) = isize::try_from(n - 1).ok().and_then(|m| m.checked_mul(s)) else {
+            return everything;
+        };
+        let side = if reach < 0 { &mut low } else { &mut high };
+        let Some(sum) = side.checked_add(reach) else {
+            return everything;
+        };
+        *side = sum;
     }
-    (
-        addr.wrapping_add_signed(low),
-        addr.wrapping_add_signed(high) + itemsize,
-    )
+    let start = addr.checked_add_signed(low);
+    let end = addr
+        .checked_add_signed(high)
+        .and_then(|e| e.checked_add(itemsize));
+    match (start, end) {
+        (Some(start), Some(end)) => (start, end),
+        _ => everything,
+    }
 }
 
 /// The first pair of entries (by index) whose spans overlap, if any: two views of one buffer
@@ -311,7 +320,11 @@ fn steps_past_inner_axes(axes: impl Iterator<Item = (usize, usize)>, itemsize: u
         if stride < span {
             return false;
         }
-        span += stride * (n - 1);
+        // A reach past the address space (a hostile description) is not a layout.
+        let Some(next) = stride.checked_mul(n - 1).and_then(|r| span.checked_add(r)) else {
+            return false;
+        };
+        span = next;
     }
     true
 }
@@ -871,6 +884,11 @@ mod tests {
         // x[::-1]: starts at the last element, reaches back to the first.
         assert_eq!(byte_span(1044, &[12], &[-4], 4), (1000, 1048));
         assert_eq!(byte_span(1000, &[0, 4], &[16, 4], 4), (1000, 1000));
+        // Reaches past the address space span everything (and so overlap anything).
+        assert_eq!(byte_span(4096, &[3, 1 << 62], &[8, 4], 4), (0, usize::MAX));
+        assert_eq!(byte_span(usize::MAX - 8, &[4], &[8], 8), (0, usize::MAX));
+        assert!(is_self_overlapping(&[3, 1 << 62], &[8, 4], 4));
+        assert!(is_self_overlapping(&[3, (1 << 61) + 1], &[8, 8], 8));
         assert_eq!(overlapping_pair(&[(0, 10), (10, 20), (30, 40)]), None);
         assert_eq!(
             overlapping_pair(&[(30, 40), (0, 10), (5, 12)]),

@@ -136,11 +136,8 @@ fn readonly<'py, T: Element>(
         .map_err(|e| PyValueError::new_err(format!("{arg}: cannot be read: {e}")))
 }
 
-/// A 1-D bool array of any strides, read in place.
-pub fn bool_array1<'py>(
-    obj: &Bound<'py, PyAny>,
-    arg: &str,
-) -> PyResult<PyReadonlyArray1<'py, bool>> {
+/// A 1-D bool array of any strides, borrowed (read its bytes with [`bool_vec`]).
+fn bool_array1<'py>(obj: &Bound<'py, PyAny>, arg: &str) -> PyResult<PyReadonlyArray1<'py, bool>> {
     let a = as_ndarray(obj, arg)?;
     check_ndim(&a, arg, 1)?;
     let typed = a.cast::<PyArray1<bool>>().map_err(|_| {
@@ -154,9 +151,17 @@ pub fn bool_array1<'py>(
         .map_err(|e| PyValueError::new_err(format!("{arg}: cannot be read: {e}")))
 }
 
-/// A 1-D bool array's values.
+/// A 1-D bool array's values, each byte read as `!= 0`. numpy lets any byte sit in a bool
+/// array (`np.array([2], np.uint8).view(bool)`), which a Rust `bool` must never hold, so the
+/// bytes are read as `u8`.
 pub fn bool_vec(obj: &Bound<'_, PyAny>, arg: &str) -> PyResult<Vec<bool>> {
-    Ok(bool_array1(obj, arg)?.as_array().to_vec())
+    let borrowed = bool_array1(obj, arg)?;
+    let raw = borrowed.as_array().raw_view();
+    // SAFETY: `u8` has the size and alignment of `bool` and every bit pattern is a valid
+    // `u8`, so the bytes are read as what they are; the view lives while `borrowed` holds
+    // the array's read borrow.
+    let bytes = unsafe { raw.cast::<u8>().deref_into_view() };
+    Ok(bytes.iter().map(|&b| b != 0).collect())
 }
 
 /// Extracts a 1-D int32/int64 (and uint32 when `allow_u32`) array of any strides.

@@ -276,15 +276,19 @@ pub fn check_cache_buffers(
     listed: bool,
 ) -> PyResult<()> {
     same_shape(buffers.iter().map(|b| b.1.as_slice()))?;
+    if let Some(i) = buffers.iter().position(|b| b.1.len() != b.2.len()) {
+        return Err(PyValueError::new_err(format!(
+            "{}: {} axes but {} strides",
+            cache_arg(listed.then_some(i)),
+            buffers[i].1.len(),
+            buffers[i].2.len()
+        )));
+    }
     // Before any move: the device path writes each buffer in turn, so a broadcast one found
     // by the device would come after the others were compacted.
     for (i, (_, shape, strides, itemsize)) in buffers.iter().enumerate() {
         if kv::is_self_overlapping(shape, strides, *itemsize) {
-            let arg = if listed {
-                cache_arg(Some(i))
-            } else {
-                cache_arg(None)
-            };
+            let arg = cache_arg(listed.then_some(i));
             return Err(PyValueError::new_err(format!(
                 "{arg}: {}",
                 kv::SELF_OVERLAP

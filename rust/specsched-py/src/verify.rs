@@ -17,8 +17,8 @@ use specsched_core::IndexLike;
 use specsched_core::{Tree, TreeBatch};
 
 use crate::convert::{
-    as_ndarray, bool_array1, check_ndim, int_array1, owned, readonly_view, type_name,
-    with_int_view, IntoPyResult,
+    as_ndarray, bool_vec, check_ndim, int_array1, owned, readonly_view, type_name, with_int_view,
+    IntoPyResult,
 };
 use crate::tree::{PyTree, PyTreeBatch};
 
@@ -228,13 +228,13 @@ pub fn verify_target_tokens(
 ) -> PyResult<Py<PyAny>> {
     let tree = AnyTree::extract(tree)?;
     let arr = int_array1(target_tokens, "target_tokens", true)?;
-    let nan = nan_rows.map(|o| bool_array1(o, "nan_rows")).transpose()?;
+    let nan = nan_rows.map(|o| bool_vec(o, "nan_rows")).transpose()?;
     let no_finite = no_finite_rows
-        .map(|o| bool_array1(o, "no_finite_rows"))
+        .map(|o| bool_vec(o, "no_finite_rows"))
         .transpose()?;
     let (nan_view, no_finite_view) = (
-        nan.as_ref().map(|a| a.as_array()),
-        no_finite.as_ref().map(|a| a.as_array()),
+        nan.as_deref().map(ArrayView1::from),
+        no_finite.as_deref().map(ArrayView1::from),
     );
     with_int_view!(arr, v => {
         let choose =
