@@ -358,3 +358,60 @@ def test_shared_builder_is_safe_or_refuses() -> None:
     finally:
         sys.setswitchinterval(old)
     assert refused < 200
+
+
+def test_compaction_and_a_reader_of_the_same_array_are_refused_not_raced() -> None:
+    """`compact_kv` holds its buffer's write borrow in rust-numpy's registry while it moves
+    entries with the GIL released, as every in-place specsched call does: a verify reading the
+    same array in another thread is refused (or refuses the compaction), and a read that runs
+    sees the array before or after the moves, never half-moved (that read a maximum in one pass
+    and missed it in the next: 'row 2 contains NaN' on NaN-free logits)."""
+    vocab = 1 << 21
+    logits = np.empty((4, vocab), np.float32)
+    tree = ss.Tree([-1, 0, 0, 2], [5, 6, 7, 8])
+    plan_rows = np.zeros((4, 16), np.float32)
+    plan_rows[0, 7], plan_rows[2, 8], plan_rows[3, 3] = 1, 1, 1
+    moves = ss.verify(tree, plan_rows)  # accepts node 2, then 3: rows 2 -> 1 and 3 -> 2
+
+    def reset() -> None:
+        logits[:] = 0
+        logits[0, 7] = 1  # the root accepts node 2 (token 7) either way
+        logits[2, vocab - 1] = 10  # before the moves: row 2's bonus is the last token
+        logits[3, 1] = 5  # after them, row 2 holds this row: bonus 1
+
+    before, after = ([0, 2], vocab - 1), ([0, 2], 1)
+
+    def read(barrier: threading.Barrier, seen: dict[str, Any], delay: float) -> None:
+        barrier.wait()
+        time.sleep(delay)
+        try:
+            r = ss.verify(tree, logits)
+            seen["r"] = (r.accepted_nodes.tolist(), r.bonus_token)
+        except ValueError as e:  # refused by the borrow, or a torn read's error
+            seen["r"] = str(e)
+
+    outcomes: dict[str, int] = {"before": 0, "after": 0, "refused": 0}
+    for i in range(200):
+        reset()
+        barrier, seen = threading.Barrier(2), {}
+        reader = threading.Thread(target=read, args=(barrier, seen, (i % 8) * 0.0005))
+        reader.start()
+        barrier.wait()
+        try:
+            ss.compact_kv(logits, moves, 0, 0)
+            compacted = True
+        except ValueError as e:
+            assert "borrowed" in str(e), e
+            compacted = False
+        reader.join(timeout=TIMEOUT)
+        got = seen["r"]
+        if isinstance(got, str):
+            assert "borrowed" in got, got  # refused, never "row 2 contains NaN"
+        if isinstance(got, str) or not compacted:
+            outcomes["refused"] += 1
+        else:
+            assert got in (before, after), got
+            outcomes["before" if got == before else "after"] += 1
+        if outcomes["refused"] and i >= 20:
+            break
+    assert outcomes["refused"] > 0, f"the reader and the compaction never met: {outcomes}"

@@ -175,8 +175,8 @@ pub fn compact_kv(
     #[pyo3(from_py_with = crate::convert::batch_dim_arg)] batch_dim: Option<isize>,
     active: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<Py<PyAny>> {
-    let parts = match cache.cast::<PyUntypedArray>() {
-        Ok(arr) => vec![host_buffer(arr, None)?],
+    let (parts, arrays) = match cache.cast::<PyUntypedArray>() {
+        Ok(arr) => (vec![host_buffer(arr, None)?], vec![arr.clone()]),
         Err(_) if cache.is_instance_of::<PyList>() || cache.is_instance_of::<PyTuple>() => {
             host_buffers(cache)?
         }
@@ -194,9 +194,18 @@ pub fn compact_kv(
     kv::check_cache_shape(shape, seq, batch, &extents).py()?;
     // SAFETY: each description comes from a live, writeable numpy array that this call holds a
     // reference to for its whole duration; numpy guarantees every in-shape index addresses its
-    // allocation, and `new_disjoint` refuses buffers that may share memory. Like any in-place
-    // numpy operation, the caller must not use the buffers from another thread meanwhile.
+    // allocation, and `new_disjoint` refuses buffers that may share memory. `_borrows` holds
+    // each buffer's write borrow in rust-numpy's registry until the moves are done, so another
+    // specsched call on a view of the same memory is refused rather than racing them (for
+    // the dtypes rust-numpy has types for; like any in-place numpy operation, plain numpy
+    // code in another thread must not use the buffers meanwhile).
     let mut bufs = unsafe { StridedMut::new_disjoint(parts) }.py()?;
+    let listed = !cache.is_instance_of::<PyUntypedArray>();
+    let _borrows = arrays
+        .iter()
+        .enumerate()
+        .map(|(i, a)| write_borrow(a, listed.then_some(i)))
+        .collect::<PyResult<Vec<_>>>()?;
     py.detach(|| kv::apply_all(&mut bufs, seq, batch, &moves))
         .py()?;
     committed.into_py(py)
@@ -205,6 +214,48 @@ pub fn compact_kv(
 /// The name of the cache argument in messages: `cache`, or `cache[i]` for entry `i` of a list.
 fn cache_arg(index: Option<usize>) -> String {
     index.map_or_else(|| "cache".to_owned(), |i| format!("cache[{i}]"))
+}
+
+/// A write borrow in rust-numpy's registry, of whatever element type: held, never read.
+trait WriteBorrow {}
+impl<T: numpy::Element, D: ndarray::Dimension> WriteBorrow for numpy::PyReadwriteArray<'_, T, D> {}
+
+/// `arr`'s write borrow in rust-numpy's registry, taken through the element type of its dtype
+/// (the registry is what makes a concurrent specsched call on a view of the same memory a
+/// refusal); None for a dtype rust-numpy has no type for (datetime, void, ...).
+fn write_borrow<'py>(
+    arr: &Bound<'py, PyUntypedArray>,
+    index: Option<usize>,
+) -> PyResult<Option<Box<dyn WriteBorrow + 'py>>> {
+    use numpy::{Complex32, Complex64, PyArrayDyn, PyArrayMethods};
+    macro_rules! first_match {
+        ($($t:ty),*) => {$(
+            if let Ok(typed) = arr.cast::<PyArrayDyn<$t>>() {
+                let borrow = typed.try_readwrite().map_err(|e| {
+                    PyValueError::new_err(format!("{}: cannot be written: {e}", cache_arg(index)))
+                })?;
+                return Ok(Some(Box::new(borrow)));
+            }
+        )*};
+    }
+    // Caches first (bfloat16 and float8 arrive as int16 / int8 views of torch tensors).
+    first_match!(
+        f32,
+        half::f16,
+        i16,
+        f64,
+        i8,
+        u8,
+        u16,
+        bool,
+        i32,
+        u32,
+        i64,
+        u64,
+        Complex32,
+        Complex64
+    );
+    Ok(None)
 }
 
 /// The raw parts of a cache buffer (entry `index` of a list, or the one buffer), refused if
@@ -232,9 +283,11 @@ fn host_buffer(arr: &Bound<'_, PyUntypedArray>, index: Option<usize>) -> PyResul
     })
 }
 
-/// The buffers of a list or tuple `cache`, each checked as one cache and of the first's shape.
-fn host_buffers(cache: &Bound<'_, PyAny>) -> PyResult<Vec<RawParts>> {
-    let mut parts: Vec<RawParts> = Vec::new();
+/// The buffers of a list or tuple `cache`, each checked as one cache and of the first's shape,
+/// with the arrays (whose write borrows are taken once every check has passed).
+type Buffers<'py> = (Vec<RawParts>, Vec<Bound<'py, PyUntypedArray>>);
+fn host_buffers<'py>(cache: &Bound<'py, PyAny>) -> PyResult<Buffers<'py>> {
+    let (mut parts, mut arrays) = (Vec::new(), Vec::new());
     for (i, item) in cache.try_iter()?.enumerate() {
         let arr = item?.cast_into::<PyUntypedArray>().map_err(|e| {
             PyTypeError::new_err(format!(
@@ -244,9 +297,10 @@ fn host_buffers(cache: &Bound<'_, PyAny>) -> PyResult<Vec<RawParts>> {
             ))
         })?;
         parts.push(host_buffer(&arr, Some(i))?);
+        arrays.push(arr);
     }
     same_shape(parts.iter().map(|p| p.shape.as_slice()))?;
-    Ok(parts)
+    Ok((parts, arrays))
 }
 
 /// Refuses an empty list of caches, or caches of different shapes (one plan, one shape).
