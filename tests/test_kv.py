@@ -13,6 +13,7 @@ import tracemalloc
 import numpy as np
 import pytest
 import specsched as ss
+from fresh import fresh_lines
 from gil import heartbeat_gap
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -442,16 +443,7 @@ def test_compact_kv_allocates_nothing_of_the_caches_size():
     the ones tracemalloc traces: compacting resident caches of 128 and 256 MB raises it by far
     less than a copy would (each cache is twice the previous, so a copy beats the earlier
     peak). Measured in a fresh interpreter, whose earlier peak is small."""
-    proc = subprocess.run(
-        [sys.executable, "-c", COMPACT_IN_PLACE],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stderr
-    for line in proc.stdout.split("\n")[:2]:
-        order, grew, nbytes = line.split()
+    for order, grew, nbytes in fresh_lines(COMPACT_IN_PLACE, 2):
         assert int(grew) < int(nbytes) / 8, f"{order}: peak RSS grew by {grew} for {nbytes} B"
 
 

@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import itertools
 import random
-import subprocess
-import sys
 import tracemalloc
 from typing import Any
 
 import numpy as np
 import pytest
 import specsched as ss
+from fresh import fresh_lines
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from specsched import _core, _torch
@@ -344,17 +343,8 @@ def test_torch_logits_allocate_nothing_of_their_size():
     """The peak resident size, which sees torch's and Rust's allocators as tracemalloc does
     not: verifying resident logits (bf16 transposed, f32 contiguous, f32 every other column)
     raises it by far less than a copy of them would. Fresh interpreter, as below."""
-    proc = subprocess.run(
-        [sys.executable, "-c", LOGITS_IN_PLACE],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stderr
-    for line in proc.stdout.split("\n")[:3]:
-        kind, missing, grew, nbytes = line.split()
-        assert int(missing) == 0, line
+    for kind, missing, grew, nbytes in fresh_lines(LOGITS_IN_PLACE, 3):
+        assert int(missing) == 0, kind
         assert int(grew) < int(nbytes) / 8, f"{kind}: peak RSS grew by {grew} for {nbytes} B"
 
 
@@ -379,18 +369,8 @@ def test_expanded_torch_logits_are_never_materialised():
     costs nothing; a copy would raise the peak resident size by about its size (each view is
     twice the previous one, so a copy beats the earlier peak). Measured in a fresh interpreter,
     whose earlier peak is small."""
-    proc = subprocess.run(
-        [sys.executable, "-c", EXPANDED_LOGITS],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stderr
-    lines = proc.stdout.split("\n")[:3]
-    for line in lines:
-        dtype, missing, grew, nbytes = line.split()
-        assert int(missing) == 0, line
+    for dtype, missing, grew, nbytes in fresh_lines(EXPANDED_LOGITS, 3):
+        assert int(missing) == 0, dtype
         assert int(grew) < int(nbytes) / 4, f"{dtype}: peak RSS grew by {grew} for {nbytes} B"
 
 
