@@ -139,3 +139,17 @@ def test_entry_point_exit_code() -> None:
         text=True,
     )
     assert ok.returncode == 0 and "chain" in ok.stdout
+
+
+def test_a_reader_that_goes_away_is_not_an_error() -> None:
+    # `specsched simulate | head`: the pipe's reader has closed before the table is written.
+    proc = subprocess.Popen(
+        ["specsched", "simulate", "--alpha", "0.85", "--budget", "6", "--steps", "1000"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == 1
+    assert "Broken pipe" not in err and "Traceback" not in err, err

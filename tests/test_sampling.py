@@ -501,6 +501,16 @@ def test_device_path_matches_the_host_at_the_edges(dtype):
             ss.verify(pair, dead, reduce=reduce, temperature=1.0, seed=1)
 
 
+def test_a_top_k_past_int64_keeps_every_token():
+    t = ss.Tree([-1, 0, 0], [0, 1, 2])
+    logits = np.array([[0.0, 1.0, 2.0, 0.5]] * 3)
+    kw = {"temperature": 1.0, "seed": 3}
+    for seed in range(20):
+        kw["seed"] = seed
+        want = ss.verify(t, logits, top_k=0, **kw).tokens.tolist()
+        assert ss.verify(t, logits, top_k=np.uint64(2**63), **kw).tokens.tolist() == want
+
+
 def test_sampled_verify_releases_the_gil():
     """While a thread samples a large batch in Rust, Python keeps running in another thread."""
 

@@ -187,6 +187,7 @@ def test_measure_host_overhead_is_positive_and_grows_with_batch() -> None:
         (lambda: sim.simulate(3, 0.5, 0), "steps"),
         (lambda: sim.simulate(3, 0.5, 10, seed=-1), "seed"),
         (lambda: sim.simulate(3, 0.5, 10, threads=0), "threads"),
+        (lambda: sim.simulate(3, 0.5, 10, threads=5000), "threads: 5000: at most 1024"),
         (lambda: CostModel(t_target_ms=0), "t_target_ms"),
         # An infinite forward made every speed-up nan.
         (lambda: CostModel(t_target_ms=math.inf), "t_target_ms: inf, expected a finite"),

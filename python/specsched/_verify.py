@@ -173,6 +173,9 @@ def _param(value: Any, name: str, default: float | int, integer: bool) -> np.nda
         raise TypeError(f"{name}: expected {kind}, got dtype {arr.dtype}")
     if arr.ndim > 1:
         raise ValueError(f"{name}: expected a scalar or a 1-D array, got shape {arr.shape}")
+    if integer and arr.dtype.kind == "u":
+        # Past int64 it would wrap negative; any k that large keeps every token.
+        arr = np.minimum(arr, np.iinfo(np.int64).max)
     return np.ascontiguousarray(arr.reshape(-1), dtype=np.int64 if integer else np.float64)
 
 

@@ -20,6 +20,7 @@ exits with status 2 and a one-line message.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
@@ -190,6 +191,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             return replay_command(args)
         if args.command == "demo":
             return demo_command(args)
+    except BrokenPipeError:
+        # The reader went away (`specsched decide | head`): not an error to report. Python's
+        # recipe: point stdout at devnull so the flush at exit does not raise again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
     except (ValueError, TypeError, OSError) as e:
         print(f"specsched {args.command}: error: {e}", file=sys.stderr)
         return 2

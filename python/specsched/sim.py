@@ -288,7 +288,8 @@ def simulate(
 ) -> SimResult:
     """Monte-Carlo verification: per step, sample which child (if any) the target picks at each
     node the walk reaches and run specsched's walk. Reproducible from `seed`, and the same for
-    every `threads` (None: all cores). Only the tree's shape matters, not its tokens."""
+    every `threads` (None: all cores; at most 1,024, each an OS thread started for the call).
+    Only the tree's shape matters, not its tokens."""
     m = as_model(model)
     tree = _tree(tree_or_chain)
     steps = _count("steps", steps, 1)

@@ -391,6 +391,9 @@ impl Rng {
 /// Large enough that a chunk (~1 ms) dwarfs rayon's hand-off.
 pub const SIM_CHUNK: u64 = 1 << 14;
 
+/// Most worker threads `simulate` starts for one call.
+pub const MAX_THREADS: usize = 1024;
+
 /// Monte-Carlo verification of `tree` under `model`: `steps` independent steps, each sampling
 /// at every visited node which child (if any) the target picks and running the real walk. Only
 /// the tree's shape matters: its tokens are replaced by node ids, so siblings are distinct
@@ -450,6 +453,13 @@ pub fn simulate(
     let histogram = match threads {
         None => all()?,
         Some(0) => return Err(Error::value("threads", "must be at least 1")),
+        Some(n) if n > MAX_THREADS => {
+            // Each is an OS thread started for this call: 3,000 took 15 s to start and join.
+            return Err(Error::value(
+                "threads",
+                format!("{n}: at most {MAX_THREADS} (each is an OS thread started per call)"),
+            ));
+        }
         Some(n) => rayon::ThreadPoolBuilder::new()
             .num_threads(n)
             .build()
