@@ -183,6 +183,12 @@ class RetiredRows:
         self.running[rows] = False
         self.any = True
 
+    def tree_lengths(self, lengths: np.ndarray) -> np.ndarray:
+        """The lengths a target lays its trees out at (`padded_layout(...)`): a retired row's
+        root-only tree sits at the last position its request used, `L_b - 1`, not one past
+        it (which may be past the model's last position)."""
+        return lengths - self.rows if self.any else lengths
+
 
 class PaddedTrees(NamedTuple):
     """A ragged tree batch laid out as the `[B, n]` (n = largest tree) batch a model runs.

@@ -245,9 +245,8 @@ class HFTarget:
         b, n = trees.num_trees, trees.max_nodes
         if b != self.batch_size:
             raise ValueError(f"trees: {b} trees for a batch of {self.batch_size} rows")
-        # A retired row's root-only tree sits at the last position its request used, not one
-        # past it (which may be past max_position_embeddings); its entry is never kept.
-        at = self.lengths - self.retired.rows if self.retired.any else self.lengths
+        # A retired row's tree entry is never kept.
+        at = self.retired.tree_lengths(self.lengths)
         # `pad_trees`' layout, unnamed: the one specsched call, with no wrapper around it.
         t0 = time.perf_counter()
         tokens, positions, tree_mask, slot_rows, slot_cols = trees.padded_layout(at)

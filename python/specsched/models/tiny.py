@@ -372,10 +372,8 @@ class TinyTarget:
         cache = grow_seq(self.cache, self.SEQ_DIM, int(self.lengths.max()) + n, self.headroom)
         if cache is not self.cache:
             self._set_cache(cache)
-        # A retired row's root-only tree sits at the last position its request used, not one
-        # past it (which may be past the model's last); it is still written past the row's
-        # committed entries, which stay as they are.
-        at = self.lengths - self.retired.rows if self.retired.any else self.lengths
+        # A retired row's tree is still written past its committed entries, which stay.
+        at = self.retired.tree_lengths(self.lengths)
         # `pad_trees`' layout, unnamed: the one specsched call, with no wrapper around it
         # (a Python frame and a named tuple cost µs each right after the previous forward).
         t0 = time.perf_counter()
