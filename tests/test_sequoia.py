@@ -12,6 +12,8 @@ import specsched as ss
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from specsched import reference as ref
+from specsched import sim
+from specsched.sim import Acceptance
 from strategies import parent_lists
 
 probs = st.lists(
@@ -155,6 +157,18 @@ def test_choose_tree_trades_draft_time_for_length():
         # The exact DP refuses tables it could not hold, before allocating them (an
         # increasing vector takes the DP: the heap would not be exact).
         (lambda: ss.optimal_tree([0.1, 0.2], 65536), ValueError, "budget: the exact DP"),
+        # ... and runs it could not finish: these tables fit (44% of the limit), but the run
+        # takes depth * ranks * n^2 steps (~25 minutes).
+        (
+            lambda: ss.optimal_tree([0.3, 0.5], 65536, max_depth=300),
+            ValueError,
+            "budget: the exact DP",
+        ),
+        (
+            lambda: sim.best_tree(Acceptance.per_rank([0.3, 0.5]), 65536, 300),
+            ValueError,
+            "budget: the exact DP",
+        ),
         (
             lambda: ss.choose_tree([0.1, 0.2], 1.0, {4: 1.0, 65536: 2.0}, 65535),
             ValueError,

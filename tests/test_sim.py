@@ -147,6 +147,56 @@ def test_best_tree_beats_the_chain_at_equal_budget() -> None:
     assert limited.max_depth <= 3 and limited.num_nodes <= 1 + 2 + 4 + 8
 
 
+probability = st.floats(0.0, 1.0)
+
+
+@st.composite
+def any_models(draw: st.DrawFn) -> Acceptance:
+    """Every kind, and rank vectors in any order (a lower rank may be worth less)."""
+    kind = draw(st.sampled_from(["iid", "per_depth", "per_rank", "table"]))
+    if kind == "iid":
+        return Acceptance.iid(draw(probability))
+    if kind == "per_depth":
+        return Acceptance.per_depth(draw(st.lists(probability, min_size=5, max_size=5)))
+
+    def ranks() -> list[float]:
+        raw = draw(st.lists(probability, min_size=1, max_size=4))
+        return [x / max(1.0, sum(raw)) for x in raw]  # at most one child is picked
+
+    if kind == "per_rank":
+        return Acceptance.per_rank(ranks())
+    return Acceptance.table([ranks() for _ in range(5)])
+
+
+@given(
+    model=any_models(),
+    budget=st.integers(1, 10),
+    depth=st.integers(1, 5),
+    topk=st.integers(1, 4),
+)
+@settings(max_examples=300, deadline=None)
+def test_best_tree_is_optimal_for_every_model(
+    model: Acceptance, budget: int, depth: int, topk: int
+) -> None:
+    tree = sim.best_tree(model, budget, depth, topk)
+    assert tree.num_nodes <= budget and tree.max_depth <= depth
+    assert max(np.bincount(tree.parents[1:], minlength=1), default=0) <= topk
+    values = model.core_values() if model.kind == "table" else list(model.values)
+    best = ref.sim_best_value(model.kind, values, budget, depth, topk)
+    assert sim.expected_accept_length(tree, model) == pytest.approx(best, rel=1e-12, abs=1e-12)
+
+
+def test_best_tree_takes_a_better_later_rank_with_its_sibling() -> None:
+    # Rank 1 is worth more than rank 0: best-first took chains of rank 0 (value 2.274 at
+    # budget 10); the optimum spends a node on rank 0 to reach rank 2 under every node.
+    m = Acceptance.per_rank([0.561, 0.009, 0.43])
+    tree = sim.best_tree(m, 10)
+    assert sim.expected_accept_length(tree, m) == pytest.approx(
+        ss.optimal_tree([0.561, 0.009, 0.43], 10, method="dp")[1]
+    )
+    assert sim.expected_accept_length(tree, m) > 3.1
+
+
 def test_cost_model_and_speedup() -> None:
     cost = CostModel(t_target_ms=30.0, knee_tokens=300.0, t_draft_ms=1.5, t_host_ms=0.1)
     # Memory-bound: verifying 5 tokens costs what 1 does.

@@ -808,6 +808,36 @@ def sim_expected_tokens(parents: Sequence[int], kind: str, values: Sequence[Any]
     return sum(sim_path_probs(parents, kind, values))
 
 
+def sim_best_value(
+    kind: str, values: Sequence[Any], budget: int, max_depth: int, max_children: int
+) -> float:
+    """The largest expected tokens per step of any tree of at most ``budget`` nodes (root
+    included), depth <= ``max_depth`` and at most ``max_children`` children per node: top-down
+    over (nodes, depth of the subtree's root), the children's ranks splitting what is left."""
+    import functools
+
+    @functools.cache
+    def subtree(m: int, depth: int) -> float:
+        # A node at `depth` with at most `m` nodes under and including it.
+        if m <= 1 or depth >= max_depth:
+            return 1.0
+        return 1.0 + ranks(m - 1, depth + 1, 0)
+
+    @functools.cache
+    def ranks(m: int, depth: int, rank: int) -> float:
+        # Children of ranks `rank`, `rank + 1`, ... at `depth` sharing at most `m` nodes (a
+        # rank exists only if the ranks before it do).
+        if m == 0 or rank >= max_children:
+            return 0.0
+        p = sim_child_prob(kind, values, depth, rank)
+        best = 0.0
+        for y in range(1, m + 1):
+            best = max(best, p * subtree(y, depth) + ranks(m - y, depth, rank + 1))
+        return best
+
+    return subtree(budget, 0)
+
+
 def _splitmix64(state: int) -> tuple[int, int]:
     state = (state + 0x9E3779B97F4A7C15) & _M64
     z = state

@@ -212,8 +212,10 @@ def best_tree(
     model: ModelLike, budget: int, max_depth: int | None = None, topk: int | None = None
 ) -> Tree:
     """The tree of at most `budget` nodes (root included), depth <= `max_depth`, at most `topk`
-    children per node, maximizing the expected accepted length (best-first by path
-    probability, as EAGLE-2's rerank and Sequoia's DP for non-increasing rank acceptance)."""
+    children per node, maximizing the expected accepted length: best-first by path
+    probability (EAGLE-2's rerank) when acceptance never grows with rank, else Sequoia's exact
+    DP over the model's rows (a later rank worth more than an earlier one can only be reached
+    with its siblings, which best-first does not weigh); the DP's size limits apply."""
     m = as_model(model)
     budget = _count("budget", budget, 1)
     depth = budget - 1 if max_depth is None else _count("max_depth", max_depth, 0)

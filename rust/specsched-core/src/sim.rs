@@ -12,15 +12,18 @@
 //! length in a histogram. Steps are split in fixed chunks, each with its own seeded generator,
 //! and the integer histograms are summed, so a result depends on `(tree, model, steps, seed)`
 //! only, never on the thread count. Cost: O(steps · depth · branching), parallel over chunks.
-//! [`best_tree`] builds the tree that maximizes the expected length under a budget with the
-//! max-heap of FIELD_NOTES §3 (optimal when acceptance never grows with rank).
+//! [`best_tree`] builds the tree that maximizes the expected length under a budget: the
+//! max-heap of FIELD_NOTES §3 when acceptance never grows with rank, Sequoia's exact DP
+//! otherwise.
 
 use std::cmp::Ordering;
 use std::collections::BinaryHeap;
 
+use ndarray::ArrayView1;
 use rayon::prelude::*;
 
 use crate::error::{Error, Result};
+use crate::topology::sequoia;
 use crate::tree::{Tree, TreeRef, MAX_NODES};
 use crate::verify;
 
@@ -233,12 +236,14 @@ impl Ord for Candidate {
 }
 
 /// The tree of at most `budget` nodes (root included), depth `<= max_depth` and at most
-/// `max_children` children per node that maximizes [`expected_tokens`] under `model`: nodes are
-/// taken best-first by path probability (FIELD_NOTES §3). A node's next sibling and first child
-/// become candidates only once it is taken, so the result is a valid tree whose sibling order
-/// is rank order. Optimal when acceptance never grows with rank (always for `Iid`/`PerDepth`);
-/// nodes of probability 0 are never added, so the tree may be smaller than the budget.
-/// Tokens are the nodes' sibling ranks (root 0), as `Tree.from_choices` gives them.
+/// `max_children` children per node that maximizes [`expected_tokens`] under `model`. When
+/// acceptance never grows with rank (always for `Iid`/`PerDepth`) nodes are taken best-first
+/// by path probability (FIELD_NOTES §3; a node's next sibling and first child become
+/// candidates only once it is taken, so sibling order is rank order); otherwise a rank may be
+/// worth more than the one before it, which best-first cannot take without that sibling, and
+/// the exact Sequoia DP over the model's rows answers (its size limits apply). Nodes of
+/// probability 0 are never added, so the tree may be smaller than the budget. Tokens are the
+/// nodes' sibling ranks (root 0), as `Tree.from_choices` gives them.
 pub fn best_tree(
     model: &Acceptance,
     budget: usize,
@@ -255,18 +260,53 @@ pub fn best_tree(
     if max_children == 0 {
         return Err(Error::value("max_children", "must be at least 1"));
     }
+    let depth = max_depth.min(budget - 1);
     if let Some(limit) = model.depth_limit() {
-        if limit < max_depth.min(budget - 1) {
+        if limit < depth {
             return Err(Error::value(
                 "acceptance",
                 format!(
-                    "the {} model covers {limit} depths but the tree may be {} deep",
+                    "the {} model covers {limit} depths but the tree may be {depth} deep",
                     model.kind(),
-                    max_depth.min(budget - 1)
                 ),
             ));
         }
     }
+    if let Some(rows) = rank_rows_if_not_monotone(model, depth, max_children) {
+        let plan = sequoia::optimal_tree_by_depth(&rows, budget, depth)?;
+        return crate::topology::from_choices(&plan.choices, None::<ArrayView1<'_, i64>>);
+    }
+    best_first_tree(model, budget, depth, max_children)
+}
+
+/// The per-rank rows of depths `1..=depth` (each cut to `max_children` ranks) when some row
+/// grows with rank there, `None` when best-first is exact. `Iid` and `PerDepth` give each rank
+/// a geometric share, which never grows.
+fn rank_rows_if_not_monotone(
+    model: &Acceptance,
+    depth: usize,
+    max_children: usize,
+) -> Option<Vec<Vec<f64>>> {
+    let cut = |row: &[f64]| row[..row.len().min(max_children)].to_vec();
+    match model {
+        Acceptance::Iid(_) | Acceptance::PerDepth(_) => None,
+        Acceptance::PerRank(p) => {
+            (!sequoia::is_non_increasing(&cut(p))).then(|| vec![cut(p); depth])
+        }
+        Acceptance::Table(rows) => {
+            let rows: Vec<Vec<f64>> = rows[..depth].iter().map(|r| cut(r)).collect();
+            (!rows.iter().all(|r| sequoia::is_non_increasing(r))).then_some(rows)
+        }
+    }
+}
+
+/// [`best_tree`] best-first by path probability (exact when acceptance never grows with rank).
+fn best_first_tree(
+    model: &Acceptance,
+    budget: usize,
+    max_depth: usize,
+    max_children: usize,
+) -> Result<Tree> {
     let mut parents = vec![-1i32];
     let mut tokens = vec![0i64];
     let mut value = vec![1.0f64];

@@ -60,27 +60,31 @@ fn check_budget(budget: usize) -> Result<()> {
     Ok(())
 }
 
-/// The most entries the exact DP's tables may hold: 2^27 values (1 GiB of `f64`). The tables
-/// grow as depth · ranks · n and the time as depth · ranks · n² (budget 1,024 at full depth
-/// and 64 ranks: ~68M entries and ~13 s on one core), so past this a call would run out of
-/// memory or for hours rather than answer.
+/// The most entries the exact DP's tables may hold: 2^27 values (1 GiB of `f64`).
 pub const MAX_DP_ENTRIES: usize = 1 << 27;
 
-/// Refuses a DP over `n` nodes, depth `depth` and the ranks of `p` whose tables would pass
-/// [`MAX_DP_ENTRIES`], before anything is allocated.
-fn check_dp_size(p: &[f64], n: usize, depth: usize) -> Result<()> {
-    let ranks = p.len().min(n.saturating_sub(1));
+/// The most split evaluations the exact DP may run: `depth · ranks · n²` up to 2^36 (budget
+/// 1,024 at full depth over 64 ranks, ~13 s on one core, is the largest such call). The
+/// tables only grow as `depth · ranks · n`, so a limit on them alone admitted calls that run
+/// for hours (depth 300, 2 ranks, 65,536 nodes) with the GIL released and no way to stop them.
+pub const MAX_DP_WORK: u128 = 1 << 36;
+
+/// Refuses a DP over `n` nodes, depth `depth` and `ranks` ranks whose tables would pass
+/// [`MAX_DP_ENTRIES`] or whose run would pass [`MAX_DP_WORK`], before anything is allocated.
+fn check_dp_size(ranks: usize, n: usize, depth: usize) -> Result<()> {
+    let ranks = ranks.min(n.saturating_sub(1));
     let entries = (depth + 1)
         .checked_mul(ranks + 1)
         .and_then(|x| x.checked_mul(n + 1));
+    let work = depth as u128 * ranks as u128 * (n as u128 * n as u128);
     match entries {
-        Some(e) if e <= MAX_DP_ENTRIES => Ok(()),
+        Some(e) if e <= MAX_DP_ENTRIES && work <= MAX_DP_WORK => Ok(()),
         _ => Err(Error::value(
             "budget",
             format!(
                 "the exact DP for {n} nodes at depth <= {depth} over {ranks} ranks needs more \
-                 than {MAX_DP_ENTRIES} table entries: pass a smaller max_depth or budget, or \
-                 a non-increasing accept_probs (the O(n log n) heap)"
+                 than {MAX_DP_ENTRIES} table entries or {MAX_DP_WORK} steps: pass a smaller \
+                 max_depth or budget, or a non-increasing accept_probs (the O(n log n) heap)"
             ),
         )),
     }
@@ -109,11 +113,29 @@ pub fn expected_accept_length(tree: TreeRef<'_>, p: &[f64]) -> Result<f64> {
     Ok(sim::path_products(tree, q).iter().sum())
 }
 
+/// Acceptance by rank of a subtree root's children, by the levels left below that root.
+enum Levels {
+    /// One vector at every level (Sequoia's positional model): the tables then hold the
+    /// optimum for every depth limit up to the DP's own.
+    Same(Vec<f64>),
+    /// `rows[l - 1]` for a root with `l` levels below it: a model that depends on depth, for
+    /// which only the DP's own depth limit is meaningful.
+    ByLevel(Vec<Vec<f64>>),
+}
+
+impl Levels {
+    fn at(&self, l: usize) -> &[f64] {
+        match self {
+            Levels::Same(p) => p,
+            Levels::ByLevel(rows) => &rows[l - 1],
+        }
+    }
+}
+
 /// The DP tables for sizes `0..=n` and depth limits `0..=depth`.
 pub struct Dp {
     n: usize,
-    p: Vec<f64>,
-    ranks: usize,
+    levels: Levels,
     /// `t[l][m]`: best value with at most `m` nodes (root included) and depth <= l.
     t: Vec<Vec<f64>>,
     /// `kids[l][m]`: children of the root in that optimum (0 = leaf).
@@ -147,18 +169,24 @@ fn max_split(a: &[f64], b: &[f64], pb: f64) -> f64 {
 impl Dp {
     /// Runs the DP for every size up to `n` and depth limit up to `depth`.
     pub fn new(p: &[f64], n: usize, depth: usize) -> Dp {
-        // Ranks beyond n - 1 can never hold a node.
-        let ranks = p.len().min(n.saturating_sub(1));
+        Dp::run(Levels::Same(p.to_vec()), n, depth)
+    }
+
+    fn run(levels: Levels, n: usize, depth: usize) -> Dp {
         let mut t = vec![vec![0f64; n + 1]; depth + 1];
         let mut kids = vec![vec![0u32; n + 1]; depth + 1];
-        let mut g = vec![Vec::with_capacity(ranks + 1); depth + 1];
+        let mut g = vec![Vec::new(); depth + 1];
         t[0][1..].fill(1.0);
         // rev[k] = G_{b-1}[n - k]: G_{b-1}[m - y] for y = 1.. is rev[n - m + y..], ascending,
         // like T_{l-1}[y], so the split maximum reads both forwards.
         let mut rev = vec![0f64; n + 1];
         for l in 1..=depth {
+            let p = levels.at(l);
+            // Ranks beyond n - 1 can never hold a node.
+            let ranks = p.len().min(n.saturating_sub(1));
             let mut best = vec![0f64; n + 1];
             let mut best_b = vec![0u32; n + 1];
+            g[l].reserve_exact(ranks + 1);
             g[l].push(vec![0f64; n + 1]); // G_0 = 0: no ranks, no nodes used
             for b in 1..=ranks {
                 let pb = p[b - 1];
@@ -187,8 +215,7 @@ impl Dp {
         }
         Dp {
             n,
-            p: p.to_vec(),
-            ranks,
+            levels,
             t,
             kids,
             g,
@@ -202,7 +229,7 @@ impl Dp {
 
     /// Nodes given to rank `b` in `G_{l,b}[m]`: the first split reaching the stored maximum.
     fn split(&self, l: usize, b: usize, m: usize) -> usize {
-        let (prev, below, pb) = (&self.g[l][b - 1], &self.t[l - 1], self.p[b - 1]);
+        let (prev, below, pb) = (&self.g[l][b - 1], &self.t[l - 1], self.levels.at(l)[b - 1]);
         let target = self.g[l][b][m];
         let mut best = (f64::NEG_INFINITY, 1);
         for y in 1..=m - (b - 1) {
@@ -219,7 +246,7 @@ impl Dp {
 
     /// The optimal tree for (`m`, `l`) as choice paths.
     pub fn plan(&self, m: usize, l: usize) -> Plan {
-        debug_assert!(m <= self.n && self.ranks <= self.n);
+        debug_assert!(m <= self.n);
         let mut choices = Vec::new();
         let mut stack = vec![(Vec::<i64>::new(), m, l)];
         while let Some((path, m, l)) = stack.pop() {
@@ -251,8 +278,27 @@ pub fn optimal_tree_dp(p: &[f64], budget: usize, max_depth: Option<usize>) -> Re
     check_probs(p)?;
     check_budget(budget)?;
     let depth = resolve_depth(budget, max_depth)?;
-    check_dp_size(p, budget, depth)?;
+    check_dp_size(p.len(), budget, depth)?;
     Ok(Dp::new(p, budget, depth).plan(budget, depth))
+}
+
+/// The exact optimum of at most `budget` nodes and depth <= `depth` when acceptance depends
+/// on depth: `rows[d - 1]` is the acceptance by rank of the children at depth `d` (`rows`
+/// covers `1..=depth`; ranks past a row's end are never accepted). Rows are probabilities
+/// (the caller's model is validated).
+pub(crate) fn optimal_tree_by_depth(
+    rows: &[Vec<f64>],
+    budget: usize,
+    depth: usize,
+) -> Result<Plan> {
+    check_budget(budget)?;
+    let depth = depth.min(budget - 1);
+    debug_assert!(rows.len() >= depth);
+    let ranks = rows[..depth].iter().map(Vec::len).max().unwrap_or(0);
+    check_dp_size(ranks, budget, depth)?;
+    // A root with l levels below it sits at depth `depth - l`: its children use that row.
+    let levels = (1..=depth).map(|l| rows[depth - l].clone()).collect();
+    Ok(Dp::run(Levels::ByLevel(levels), budget, depth).plan(budget, depth))
 }
 
 /// A heap entry: a node not yet in the tree, `rank` under the chosen node `parent`.
@@ -419,7 +465,7 @@ pub fn choose_tree(
     }
     let n_max = t_verify.iter().map(|&(n, _)| n).max().unwrap_or(1);
     let depth = max_depth.min(n_max.saturating_sub(1)).max(1);
-    check_dp_size(p, n_max, depth)
+    check_dp_size(p.len(), n_max, depth)
         .map_err(|e| Error::value("t_verify", format!("largest budget {n_max}: {e}")))?;
     let dp = Dp::new(p, n_max, depth);
     let mut keys: Vec<(usize, f64)> = t_verify.to_vec();
