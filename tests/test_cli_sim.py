@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -141,12 +142,29 @@ def test_entry_point_exit_code() -> None:
     assert ok.returncode == 0 and "chain" in ok.stdout
 
 
-def test_a_reader_that_goes_away_is_not_an_error() -> None:
+SIMULATE = ["simulate", "--alpha", "0.85", "--budget", "6", "--steps", "1000"]
+DECIDE = ["decide", "--prompt-tokens", "100", "--output-tokens", "200"]
+
+
+@pytest.mark.parametrize(
+    ("command", "unbuffered"),
+    [
+        (SIMULATE, True),
+        (SIMULATE, False),
+        (DECIDE, False),
+        # Unbuffered only: buffered, the whole bench would run before the write at exit.
+        (["bench", "--quick"], True),
+    ],
+    ids=["simulate-unbuffered", "simulate-buffered", "decide-buffered", "bench-unbuffered"],
+)
+def test_a_reader_that_goes_away_is_not_an_error(command: list[str], unbuffered: bool) -> None:
     # `specsched simulate | head`: the pipe's reader has closed before the table is written.
+    # Buffered stdout (a plain shell) writes at exit, unbuffered (PYTHONUNBUFFERED=1) at once.
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+    if unbuffered:
+        env["PYTHONUNBUFFERED"] = "1"
     proc = subprocess.Popen(
-        ["specsched", "simulate", "--alpha", "0.85", "--budget", "6", "--steps", "1000"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
+        ["specsched", *command], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env
     )
     assert proc.stdout is not None and proc.stderr is not None
     proc.stdout.close()

@@ -180,17 +180,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     add_replay_parser(sub)
     add_demo_parser(sub)
     args = parser.parse_args(argv)
-    if args.command == "bench":
-        return bench(args.quick)
+    commands = {
+        "bench": lambda: bench(args.quick),
+        "simulate": lambda: simulate_command(args),
+        "decide": lambda: decide_command(args),
+        "replay": lambda: replay_command(args),
+        "demo": lambda: demo_command(args),
+    }
     try:
-        if args.command == "simulate":
-            return simulate_command(args)
-        if args.command == "decide":
-            return decide_command(args)
-        if args.command == "replay":
-            return replay_command(args)
-        if args.command == "demo":
-            return demo_command(args)
+        status = commands[args.command]()
+        # Buffered stdout (no PYTHONUNBUFFERED) writes at exit, outside this handler: flush
+        # here so a reader that went away is found now.
+        sys.stdout.flush()
+        return status
     except BrokenPipeError:
         # The reader went away (`specsched decide | head`): not an error to report. Python's
         # recipe: point stdout at devnull so the flush at exit does not raise again.
@@ -199,7 +201,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ValueError, TypeError, OSError) as e:
         print(f"specsched {args.command}: error: {e}", file=sys.stderr)
         return 2
-    return 2
 
 
 if __name__ == "__main__":
