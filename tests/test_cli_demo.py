@@ -44,11 +44,14 @@ def test_demo_rejects_bad_arguments(capsys: pytest.CaptureFixture[str]) -> None:
     # A device torch cannot make or does not have: one line and exit 2, not a traceback.
     assert main(["demo", "--device", "bogus"]) == 2
     assert "--device 'bogus'" in capsys.readouterr().err
+    # A device type that holds no data (torch's tensors there have no values).
+    assert main(["demo", "--device", "meta"]) == 2
+    assert "not a device torch can compute on" in capsys.readouterr().err
     import torch
 
     if not torch.cuda.is_available():
         assert main(["demo", "--device", "cuda"]) == 2
-        assert "no CUDA device" in capsys.readouterr().err
+        assert "no cuda device" in capsys.readouterr().err
 
 
 def test_numeric_tie_accepts_only_floating_point_ties() -> None:

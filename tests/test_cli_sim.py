@@ -85,6 +85,13 @@ def test_decide_profile_file_and_classes(
     [
         (["simulate", "--alpha", "1.5"], "alpha: 1.5 is not a probability"),
         (["simulate", "--alpha", "x"], "argument --alpha"),
+        # An empty list is not "unset" (the default alpha would answer a model not asked for).
+        (["simulate", "--alpha", ","], "--alpha: expected at least one number"),
+        # Lengths whose products overflow (every speed-up was nan, and --json printed NaN).
+        (
+            ["decide", "--prompt-tokens", "1e308", "--output-tokens", "1e308", "--json"],
+            "prompt_tokens",
+        ),
         (["simulate", "--budget", "0"], "--budget"),
         (["simulate", "--per-rank", "0.7,0.6"], "per_rank"),
         (["simulate", "--per-depth", "0.9", "--budget", "8"], "covers 1 depths"),

@@ -39,6 +39,8 @@ def test_lossless_rules_reproduce_the_target_distribution(rule, params):
 def test_greedy_rows_emit_the_argmax_sequence():
     verdict, sim = testing.check_rule(MODELS, "match", steps=2000, seed=1, temperature=0.0)
     assert verdict.tv == 0.0
+    # A deterministic target has no sampling noise: exact reproduction is lossless.
+    assert verdict.noise == 0.0 and verdict.lossless, verdict
     assert np.count_nonzero(sim.counts) == 1
 
 

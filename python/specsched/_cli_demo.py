@@ -79,13 +79,18 @@ def _check_device(torch: Any, name: str) -> None:
         device = torch.device(name)
     except RuntimeError as e:
         raise ValueError(f"--device {name!r}: {e}") from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"--device {name!r}: torch sees no CUDA device here")
-    if device.type not in ("cpu", "cuda"):
-        available = getattr(torch, device.type, None)
-        is_available = getattr(available, "is_available", None)
-        if is_available is not None and not is_available():
-            raise ValueError(f"--device {name!r}: torch sees no {device.type} device here")
+    if device.type == "cpu":
+        return
+    backend = getattr(torch, device.type, None)
+    is_available = getattr(backend, "is_available", None)
+    if is_available is None:
+        # "meta" and the like hold no data: the model cannot run there.
+        raise ValueError(f"--device {name!r}: not a device torch can compute on")
+    if not is_available():
+        raise ValueError(f"--device {name!r}: torch sees no {device.type} device here")
+    count = getattr(backend, "device_count", None)
+    if device.index is not None and count is not None and device.index >= count():
+        raise ValueError(f"--device {name!r}: torch sees {count()} {device.type} device(s) here")
 
 
 def demo_command(args: argparse.Namespace) -> int:
@@ -145,7 +150,7 @@ def demo_command(args: argparse.Namespace) -> int:
         "sample": bytes(prompts[0] + (reference or [[]])[0]).decode("utf-8", "replace"),
     }
     if args.json:
-        print(json.dumps(report, indent=2))
+        print(json.dumps(report, indent=2, allow_nan=False))
     else:
         _print_table(report)
     ok = all(r["identical_to_autoregressive"] or r["numeric_tie"] for r in rows)

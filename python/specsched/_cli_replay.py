@@ -78,7 +78,7 @@ def replay_command(args: argparse.Namespace) -> int:
                 row["vs_ngram"] = r.accepted_per_step / base if base else None
                 rows.append(row)
     if args.json:
-        print(json.dumps(rows, indent=2))
+        print(json.dumps(rows, indent=2, allow_nan=False))
         return 0
     head = f"{'workload':9} {'drafter':13} {'budget':>6} {'steps':>6} {'acc/step':>9} "
     head += f"{'vs ngram':>9} {'draft us':>9} {'B/token':>8}"

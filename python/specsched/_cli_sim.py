@@ -80,7 +80,10 @@ def _models(args: argparse.Namespace) -> list[Acceptance]:
         return [Acceptance.per_rank(args.per_rank)]
     if args.per_depth is not None:
         return [Acceptance.per_depth(args.per_depth)]
-    return [Acceptance.iid(a) for a in (args.alpha or [0.8])]
+    if args.alpha is not None and not args.alpha:
+        # An empty list (`--alpha ""` from a variable that expanded empty) is not "unset".
+        raise ValueError("--alpha: expected at least one number")
+    return [Acceptance.iid(a) for a in (args.alpha if args.alpha is not None else [0.8])]
 
 
 def _compare(
@@ -146,7 +149,7 @@ def simulate_command(args: argparse.Namespace) -> int:
         _plot_simulate(args.plot, models[0], args.budget[0], cost, args.depth, args.topk)
     if args.json:
         out = {"cost": dataclasses.asdict(cost), "steps": args.steps, "rows": rows}
-        print(json.dumps(out, indent=2))
+        print(json.dumps(out, indent=2, allow_nan=False))
         return 0
     print(
         f"cost: t_target(N) = {cost.t_target_ms:g} ms x max(1, {cost.concurrency} N / "
@@ -307,7 +310,7 @@ def decide_command(args: argparse.Namespace) -> int:
     if args.plot:
         _plot_decide(args.plot, profile)
     if args.json:
-        print(json.dumps(rec.to_dict(), indent=2))
+        print(json.dumps(rec.to_dict(), indent=2, allow_nan=False))
     else:
         print(rec)
     return 0

@@ -201,9 +201,16 @@ def _integer(name: str, x: Any, minimum: int) -> None:
         raise ProfileError(f"{name}: {x!r}, expected an integer >= {minimum}")
 
 
+# Longest length a profile may give: far past any workload, and small enough that no product
+# of the model overflows a float (1e308 tokens made every speed-up nan).
+MAX_TOKENS = 1e12
+
+
 def _length(name: str, x: Any, minimum: float) -> None:
-    if not _is_number(x) or math.isinf(x) or x < minimum:
-        raise ProfileError(f"{name}: {x!r}, expected a length >= {minimum:g} tokens")
+    if not _is_number(x) or not minimum <= x <= MAX_TOKENS:
+        raise ProfileError(
+            f"{name}: {x!r}, expected a length in [{minimum:g}, {MAX_TOKENS:g}] tokens"
+        )
 
 
 def _workload_class(c: Any, where: str) -> WorkloadClass:
