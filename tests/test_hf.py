@@ -219,3 +219,55 @@ def test_bad_arguments() -> None:
         long = HFTarget(model)
         long.prefill([[1] * 250])
         long.forward_tree(ss.TreeBatch([ss.Tree.chain(list(range(10)))]))
+
+
+def phi3_longrope() -> Any:
+    torch.manual_seed(0)
+    head_dim = 8
+    config = transformers.Phi3Config(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        max_position_embeddings=64,
+        original_max_position_embeddings=16,
+        pad_token_id=0,
+        rope_parameters={
+            "rope_type": "longrope",
+            "rope_theta": 10000.0,
+            "short_factor": [1.0] * (head_dim // 2),
+            "long_factor": [1.0 + 7.0 * i for i in range(head_dim // 2)],
+            "original_max_position_embeddings": 16,
+        },
+    )
+    return transformers.Phi3ForCausalLM(config).double().eval()
+
+
+def test_models_whose_positions_or_mask_a_tree_would_change_are_refused() -> None:
+    # longrope switches its frequencies for the whole forward once the forward's largest
+    # position passes its original context: a tree (and the batch's other rows) would switch
+    # them at other steps than autoregressive decoding. Below it, the loop is lossless.
+    model = phi3_longrope()
+    target = HFTarget(model)
+    assert target.max_positions == 16
+    prompt = [[5, 9, 3, 7]]
+    ar = generate(HFTarget(model), None, prompt, 10)
+    spec = generate(target, OracleDrafter(ar.tokens, seed=1, vocab=VOCAB), prompt, 10)
+    assert spec.tokens == ar.tokens
+    with pytest.raises(ValueError, match="longrope original_max_position_embeddings"):
+        generate(HFTarget(model), None, prompt, 14)
+    # The tree mask is a float 4-D additive mask: other attention kernels cannot take it.
+    torch.manual_seed(0)
+    flex = llama("eager")
+    flex.config._attn_implementation = "flex_attention"
+    with pytest.raises(ValueError, match="model: attn_implementation 'flex_attention'"):
+        HFTarget(flex)
+    alibi = transformers.FalconForCausalLM(
+        transformers.FalconConfig(
+            vocab_size=VOCAB, hidden_size=32, num_hidden_layers=1, num_attention_heads=4, alibi=True
+        )
+    ).eval()
+    with pytest.raises(ValueError, match="model: uses ALiBi"):
+        HFTarget(alibi)

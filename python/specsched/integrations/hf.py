@@ -95,6 +95,49 @@ def crop_cache(cache: Any, length: int) -> None:
         raise RuntimeError(f"cache: crop to {length} columns left {got}")
 
 
+def _rope_parameter_sets(config: Any) -> list[dict[str, Any]]:
+    """The rotary settings of `config`: one dict, or one per layer type (transformers 5's
+    `rope_parameters`, 4.x's `rope_scaling`)."""
+    sets: list[dict[str, Any]] = []
+    for attr in ("rope_parameters", "rope_scaling"):
+        value = getattr(config, attr, None)
+        if not isinstance(value, dict):
+            continue
+        if "rope_type" in value or "type" in value:
+            sets.append(value)
+        else:
+            sets.extend(v for v in value.values() if isinstance(v, dict))
+    return sets
+
+
+def _position_limit(config: Any) -> tuple[int | None, str]:
+    """The first position a forward may not reach, and its name in the refusal. Past
+    `max_position_embeddings` the model has no positions (and dynamic rotary types rescale).
+    longrope (Phi-3 and later) picks its short or long frequencies once per forward from the
+    forward's largest position: a tree, reaching past its accepted path, and the other rows of
+    the batch would switch them for every row at a different step than autoregressive
+    decoding, so the loop stays below `original_max_position_embeddings`, where the
+    frequencies never switch."""
+    limit: int | None = getattr(config, "max_position_embeddings", None)
+    name = "max_position_embeddings"
+    for params in _rope_parameter_sets(config):
+        if params.get("rope_type", params.get("type")) != "longrope":
+            continue
+        original = params.get(
+            "original_max_position_embeddings",
+            getattr(config, "original_max_position_embeddings", None),
+        )
+        if not isinstance(original, int):
+            raise ValueError(
+                "model: longrope without original_max_position_embeddings: the positions "
+                "where its frequencies switch are unknown"
+            )
+        if limit is None or original < limit:
+            limit = original
+            name = "longrope original_max_position_embeddings (its frequencies switch past it)"
+    return limit, name
+
+
 class HFTarget:
     """A transformers causal LM as a `specsched.generate.TargetModel` (module docstring: the
     cache layout).
@@ -132,11 +175,24 @@ class HFTarget:
             # Dropout would make every forward random: verification against it is not the
             # model's greedy or sampled output (a model built from a config starts in training).
             raise ValueError("model: is in training mode (dropout active); call model.eval()")
+        attn = getattr(config, "_attn_implementation", None)
+        if attn not in (None, "eager", "sdpa"):
+            # The tree mask goes in as a float 4-D additive mask, which only these two take
+            # (flex_attention aborted the process on it).
+            raise ValueError(
+                f"model: attn_implementation {attn!r} is not supported: the tree mask is a 4-D "
+                "additive mask; load the model with attn_implementation='sdpa' or 'eager'"
+            )
+        if getattr(config, "alibi", False):
+            raise ValueError(
+                "model: uses ALiBi, whose biases transformers builds from a 2-D padding mask; "
+                "a tree needs the 4-D mask"
+            )
         self.model = model
         self.features = features
         param = next(model.parameters())
         self.device, self.dtype = param.device, param.dtype
-        self.max_positions: int | None = getattr(config, "max_position_embeddings", None)
+        self.max_positions, self._positions_limit = _position_limit(config)
         self.cache: Any = None
         self.valid = torch.zeros((0, 0), dtype=torch.bool)
         self.lengths = np.zeros(0, dtype=np.int64)
@@ -188,7 +244,7 @@ class HFTarget:
         if self.max_positions is not None and int(positions.max()) >= self.max_positions:
             raise ValueError(
                 f"positions: {int(positions.max())} is beyond the model's "
-                f"max_position_embeddings {self.max_positions}"
+                f"{self._positions_limit} {self.max_positions}"
             )
         kwargs: dict[str, Any] = {
             self._cache_kw: self.cache,
