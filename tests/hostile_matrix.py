@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 import specsched as ss
-from specsched import sglang
+from specsched import sglang, sim
 
 try:
     import torch
@@ -1285,7 +1285,6 @@ def _doubled() -> Any:
 
 
 def more_cases() -> None:
-    from specsched import sim
 
     fn = "choose_tree"
     tv = {1: 1e-3, 4: 1.2e-3, 8: 1.5e-3}
@@ -1449,6 +1448,137 @@ def run_same(case: tuple[Any, ...]) -> dict[str, Any]:
     return {"fn": fn, "kind": kind, "ok": problem is None, "problem": problem}
 
 
+def scalar_cases() -> None:
+    """Scalars PyO3 would extract itself (its messages name no argument): each is converted
+    by name. One-element tensors are not one int (they have `__index__`)."""
+    suffix = ss.SuffixDrafter()
+    for fn, kind, exc, arg, call in [
+        (
+            "DynamicTreeBuilder",
+            "float batch",
+            TypeError,
+            "batch",
+            lambda: ss.DynamicTreeBuilder(2.0, 2, 2, 4),
+        ),
+        (
+            "DynamicTreeBuilder",
+            "bool topk",
+            TypeError,
+            "topk",
+            lambda: ss.DynamicTreeBuilder(2, True, 2, 4),
+        ),
+        ("SuffixDrafter", "float max_depth", TypeError, "max_depth", lambda: ss.SuffixDrafter(8.0)),
+        (
+            "SuffixDrafter.propose",
+            "budget past int64",
+            ValueError,
+            "budget",
+            lambda: suffix.propose(1, 2**63),
+        ),
+        (
+            "SuffixDrafter.start_request",
+            "id past int64",
+            ValueError,
+            "request_id",
+            lambda: suffix.start_request(2**63, [1]),
+        ),
+        (
+            "SuffixDrafter.propose_batch",
+            "float budgets",
+            TypeError,
+            "budgets",
+            lambda: suffix.propose_batch([1], 4.0),
+        ),
+        (
+            "SuffixDrafter.propose_batch",
+            "min_prob 0",
+            ValueError,
+            "min_prob",
+            lambda: suffix.propose_batch([1], 4, min_prob=0.0),
+        ),
+        (
+            "SuffixDrafter.propose_batch",
+            "max_spec_factor -1",
+            ValueError,
+            "max_spec_factor",
+            lambda: suffix.propose_batch([1], 4, max_spec_factor=-1.0),
+        ),
+        ("NgramDrafter", "bool k", TypeError, "k", lambda: ss.NgramDrafter(k=True)),
+        (
+            "NgramDrafter",
+            "max_model_len past int64",
+            ValueError,
+            "max_model_len",
+            lambda: ss.NgramDrafter(max_model_len=2**63),
+        ),
+        (
+            "top_n_tree",
+            "float root_token",
+            TypeError,
+            "root_token",
+            lambda: ss.top_n_tree([-1, 0], [0.0, -1.0], 2, root_token=1.0),
+        ),
+        (
+            "choose_tree",
+            "str t_draft",
+            TypeError,
+            "t_draft",
+            lambda: ss.choose_tree([0.5], "1", {4: 1.0}, 2),
+        ),
+        (
+            "sim.simulate",
+            "steps 2**64",
+            ValueError,
+            "steps",
+            lambda: sim.simulate(TREE, 0.5, 2**64),
+        ),
+        ("sim.best_tree", "budget 2**64", ValueError, "budget", lambda: sim.best_tree(0.5, 2**64)),
+        (
+            "AcceptanceStats.confidence_interval",
+            "str z",
+            TypeError,
+            "z",
+            lambda: ss.AcceptanceStats().confidence_interval("x"),
+        ),
+    ]:
+        bad(fn, kind, exc, arg, call)
+    if torch is None:
+        return
+    one = torch.tensor([7])
+    bad(
+        "TreeBatch.positions",
+        "one-element tensor",
+        ValueError,
+        "prefix_lens",
+        lambda: BATCH.positions(one),
+        one,
+    )
+    bad(
+        "TreeBatch.limit_depth",
+        "[1, 1] tensor",
+        ValueError,
+        "max_depth",
+        lambda: BATCH.limit_depth(torch.tensor([[0]])),
+    )
+    builder = ss.DynamicTreeBuilder(2, 2, 2, 4)
+    roots = np.array([1, 2])
+    tokens = np.zeros((2, 2), np.int64)
+    logprobs = np.full((2, 2), -1.0, np.float32)
+    bad(
+        "DynamicTreeBuilder.start",
+        "one-element prefix_lens tensor",
+        ValueError,
+        "prefix_lens",
+        lambda: builder.start(roots, tokens, logprobs, prefix_lens=one),
+    )
+    same(
+        "TreeBatch.positions",
+        "0-d tensor",
+        lambda: BATCH.positions(torch.tensor(3)),
+        lambda: BATCH.positions(3),
+    )
+
+
 def main() -> None:
     for build in (
         tree_cases,
@@ -1459,6 +1589,7 @@ def main() -> None:
         sglang_cases,
         torch_cases,
         more_cases,
+        scalar_cases,
     ):
         build()
     results = []

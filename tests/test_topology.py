@@ -303,15 +303,15 @@ def test_deep_dynamic_tree_matches_reference(sort):
 
 
 def test_dynamic_builder_start_takes_prefix_lens_as_before():
-    """`start` reads `prefix_lens` as an int (Python, numpy scalar, 0-d array, bool) for every
-    request or an int32 / int64 / uint32 array, one per request."""
+    """`start` reads `prefix_lens` as every `prefix_lens` is read: an int (Python, numpy
+    scalar, 0-d array or tensor) for every request or an int32 / int64 / uint32 array, one per
+    request; not a bool, nor a one-element tensor for a batch of two."""
     lp = np.array([[-0.5, -1.0], [-0.25, -2.0]])
     for prefix, want in [
         (None, [1, 1]),
         (7, [8, 8]),
         (np.int32(7), [8, 8]),
         (np.array(7), [8, 8]),
-        (True, [2, 2]),
         (np.array([3, 4], np.uint32), [4, 5]),
         (np.array([3, 4], np.int32), [4, 5]),
         ([3, 4], [4, 5]),
@@ -321,6 +321,8 @@ def test_dynamic_builder_start_takes_prefix_lens_as_before():
         assert positions[:, 0].tolist() == want, prefix
     with pytest.raises(TypeError, match="prefix_lens"):
         ss.DynamicTreeBuilder(2, 2, 2, 3).start([1, 2], [[1, 2], [3, 4]], lp, [1.5, 2.0])
+    with pytest.raises(TypeError, match="prefix_lens: expected an int or a 1-D int array, got bool"):
+        ss.DynamicTreeBuilder(2, 2, 2, 3).start([1, 2], [[1, 2], [3, 4]], lp, True)
 
 
 def test_dynamic_builder_buffers_are_one_block_reused_without_allocation():

@@ -35,4 +35,4 @@ def choose_tree(
         raise TypeError(
             f"t_verify: expected a mapping {{budget: seconds}}, got {type(t_verify).__name__}"
         )
-    return TreeChoice(*_core.choose_tree(accept_probs, float(t_draft), dict(t_verify), max_depth))
+    return TreeChoice(*_core.choose_tree(accept_probs, t_draft, dict(t_verify), max_depth))

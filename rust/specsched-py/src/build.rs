@@ -6,13 +6,13 @@ use ndarray::ArrayView1;
 use numpy::{PyArray1, PyArrayDyn, PyArrayMethods};
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyInt, PyTuple};
+use pyo3::types::{PyDict, PyTuple};
 
 use specsched_core::topology::dynamic::{DynamicTreeBuilder, NodeOrder, Step};
 use specsched_core::topology::{self, sequoia};
 
 use crate::buffers::{Layout, Parts, PyDraftBuffers};
-use crate::convert::{bool_vec, int_arg, owned, scalar_int, type_name, IntoPyResult};
+use crate::convert::{bool_vec, owned, type_name, IntoPyResult, PerRequest};
 use crate::ndconv::{f64_vec, fixed, float_array, i64_array, with_float_view};
 use crate::tree::{PyTree, PyTreeBatch};
 
@@ -25,7 +25,7 @@ pub fn top_n_tree<'py>(
     scores: &Bound<'py, PyAny>,
     #[pyo3(from_py_with = crate::convert::budget_arg)] budget: usize,
     tokens: Option<&Bound<'py, PyAny>>,
-    root_token: i64,
+    #[pyo3(from_py_with = crate::convert::root_token_arg)] root_token: i64,
     cumulative: bool,
 ) -> PyResult<(PyTree, Bound<'py, PyArray1<i64>>)> {
     let p = i64_array(parents, "parents", 1)?;
@@ -108,7 +108,7 @@ pub fn expected_accept_length(
 pub fn choose_tree<'py>(
     py: Python<'py>,
     accept_probs: &Bound<'py, PyAny>,
-    t_draft: f64,
+    #[pyo3(from_py_with = crate::convert::t_draft_arg)] t_draft: f64,
     t_verify: &Bound<'py, PyAny>,
     #[pyo3(from_py_with = crate::convert::max_depth_arg)] max_depth: usize,
 ) -> PyResult<(Bound<'py, PyAny>, usize, usize, f64, f64)> {
@@ -160,24 +160,13 @@ type StepArrays<'py> = (
     Bound<'py, PyArrayDyn<i64>>,
 );
 
-/// `prefix_lens` of `start`: None (0), one int for every request, or an int32 / int64 /
-/// uint32 array of `b`.
+/// `prefix_lens` of `start`: None (0), or what every `prefix_lens` takes (one int for every
+/// request, or an int32 / int64 array of `b`: the layouts' rules).
 fn prefix_arg(prefix_lens: Option<&Bound<'_, PyAny>>, b: usize) -> PyResult<Vec<i64>> {
     let Some(p) = prefix_lens else {
         return Ok(vec![0; b]);
     };
-    if let Some(x) = scalar_int(p) {
-        return Ok(vec![x; b]);
-    }
-    if p.is_instance_of::<PyInt>() {
-        // An int outside int64: the argument's own message, not "expected a 1-D array".
-        return int_arg(p, "prefix_lens").map(|x| vec![x; b]);
-    }
-    Ok(i64_array(p, "prefix_lens", 1)?
-        .view()
-        .iter()
-        .copied()
-        .collect())
+    Ok(PerRequest::extract(p, "prefix_lens")?.into_vec(b))
 }
 
 fn step_arrays(py: Python<'_>, b: usize, k: usize, s: Step) -> PyResult<StepArrays<'_>> {
@@ -239,7 +228,12 @@ fn in_use(e: numpy::BorrowError) -> PyErr {
 #[pymethods]
 impl PyDynamicTreeBuilder {
     #[new]
-    fn new(batch: i64, topk: i64, depth: i64, budget: i64) -> PyResult<Self> {
+    fn new(
+        #[pyo3(from_py_with = crate::convert::batch_i64_arg)] batch: i64,
+        #[pyo3(from_py_with = crate::convert::topk_i64_arg)] topk: i64,
+        #[pyo3(from_py_with = crate::convert::depth_i64_arg)] depth: i64,
+        #[pyo3(from_py_with = crate::convert::budget_i64_arg)] budget: i64,
+    ) -> PyResult<Self> {
         let nonneg = |x: i64, arg: &str| {
             usize::try_from(x)
                 .map_err(|_| PyValueError::new_err(format!("{arg}: must be >= 1, got {x}")))

@@ -198,8 +198,8 @@ pub fn int_array1<'py>(
     }
 }
 
-/// A per-request integer argument (`prefix_lens`, `max_depth`): a Python int for every
-/// request, or an integer array `[B]`.
+/// A per-request integer argument (`prefix_lens`, `max_depth`, `budgets`): an int for every
+/// request (not a bool), or an int32 / int64 / uint32 array `[B]`.
 pub enum PerRequest {
     All(i64),
     Each(Vec<i64>),
@@ -210,13 +210,27 @@ fn is_array(obj: &Bound<'_, PyAny>) -> bool {
     obj.cast::<PyUntypedArray>().is_ok_and(|a| a.ndim() > 0)
 }
 
-/// `obj` as one int64 when it is one (a Python or numpy int, a 0-d int array, a bool), else
-/// None. An array of one or more dimensions is None without trying it as an int: numpy would
-/// raise (and format) a TypeError, which costs µs on every call right after a model forward,
-/// where a decode loop passes its lengths.
+/// `obj` as one int64 when it is one (a Python or numpy int, a 0-d int array or tensor, a
+/// bool), else None. An array of one or more dimensions is None without trying it as an int:
+/// numpy would raise (and format) a TypeError, which costs µs on every call right after a
+/// model forward, where a decode loop passes its lengths. Nor is any other object with
+/// dimensions one int, even when it holds one value: a one-element torch tensor has
+/// `__index__`, and a stale `seq_lens[:1]` would have been spread over every request.
 pub fn scalar_int(obj: &Bound<'_, PyAny>) -> Option<i64> {
-    if is_array(obj) {
-        return None;
+    if obj.is_instance_of::<pyo3::types::PyInt>() {
+        return obj.extract::<i64>().ok();
+    }
+    if let Ok(a) = obj.cast::<PyUntypedArray>() {
+        return if a.ndim() == 0 {
+            obj.extract::<i64>().ok()
+        } else {
+            None
+        };
+    }
+    if let Ok(ndim) = obj.getattr(pyo3::intern!(obj.py(), "ndim")) {
+        if ndim.extract::<usize>().ok() != Some(0) {
+            return None;
+        }
     }
     obj.extract::<i64>().ok()
 }
@@ -242,7 +256,8 @@ impl PerRequest {
                 type_name(obj)
             )));
         }
-        let arr = int_array1(obj, arg, false)?;
+        // uint32 too: lengths need no sign, and every uint32 fits the int64 they become.
+        let arr = int_array1(obj, arg, true)?;
         Ok(PerRequest::Each(
             with_int_view!(arr, v => v.iter().map(|&x| x.to_i64()).collect()),
         ))
@@ -405,6 +420,69 @@ pub fn int_arg(obj: &Bound<'_, PyAny>, arg: &str) -> PyResult<i64> {
             PyTypeError::new_err(format!("{arg}: expected an int, got {}", type_name(obj)))
         }
     })
+}
+
+/// A float argument as `f64`, with a message naming it (PyO3's says only "must be real
+/// number, not str"). A bool is refused, as [`int_arg`] refuses it.
+pub fn float_arg(obj: &Bound<'_, PyAny>, arg: &str) -> PyResult<f64> {
+    if obj.is_instance_of::<pyo3::types::PyBool>() {
+        return Err(PyTypeError::new_err(format!(
+            "{arg}: expected a number, got bool"
+        )));
+    }
+    obj.extract::<f64>().map_err(|_| {
+        PyTypeError::new_err(format!("{arg}: expected a number, got {}", type_name(obj)))
+    })
+}
+
+/// An unsigned 64-bit argument (a seed, a step count): an int in `[0, 2^64)` named in its
+/// errors.
+pub fn u64_arg(obj: &Bound<'_, PyAny>, arg: &str) -> PyResult<u64> {
+    if obj.is_instance_of::<pyo3::types::PyBool>() {
+        return Err(PyTypeError::new_err(format!(
+            "{arg}: expected an int, got bool"
+        )));
+    }
+    obj.extract::<u64>().map_err(|e| {
+        if e.is_instance_of::<pyo3::exceptions::PyOverflowError>(obj.py()) {
+            PyValueError::new_err(format!("{arg}: {obj} is not an int in [0, 2**64)"))
+        } else {
+            PyTypeError::new_err(format!("{arg}: expected an int, got {}", type_name(obj)))
+        }
+    })
+}
+
+/// Named extractors for `#[pyo3(from_py_with = ...)]`, which takes a function of the object
+/// alone: each is one of the converters above with its argument's name.
+macro_rules! named_args {
+    ($($name:ident -> $ty:ty = $conv:ident($arg:literal);)*) => {$(
+        #[doc = concat!("`", $arg, "` through [`", stringify!($conv), "`].")]
+        pub fn $name(obj: &Bound<'_, PyAny>) -> PyResult<$ty> {
+            $conv(obj, $arg)
+        }
+    )*};
+}
+
+named_args! {
+    request_id_arg -> i64 = int_arg("request_id");
+    budget_i64_arg -> i64 = int_arg("budget");
+    max_depth_i64_arg -> i64 = int_arg("max_depth");
+    max_global_tokens_arg -> i64 = int_arg("max_global_tokens");
+    min_n_arg -> i64 = int_arg("min_n");
+    max_n_arg -> i64 = int_arg("max_n");
+    k_arg -> i64 = int_arg("k");
+    max_model_len_arg -> i64 = int_arg("max_model_len");
+    root_token_arg -> i64 = int_arg("root_token");
+    batch_i64_arg -> i64 = int_arg("batch");
+    topk_i64_arg -> i64 = int_arg("topk");
+    depth_i64_arg -> i64 = int_arg("depth");
+    max_children_arg -> usize = count_arg("max_children");
+    steps_arg -> u64 = u64_arg("steps");
+    seed_arg -> u64 = u64_arg("seed");
+    min_prob_arg -> f64 = float_arg("min_prob");
+    max_spec_factor_arg -> f64 = float_arg("max_spec_factor");
+    t_draft_arg -> f64 = float_arg("t_draft");
+    z_arg -> f64 = float_arg("z");
 }
 
 /// `prefix_len` of the single-tree layouts (checked `>= 0` by the layout).

@@ -14,7 +14,9 @@ use specsched_core::draft::ngram::NgramConfig;
 use specsched_core::draft::suffix::{Proposal, ProposeOptions, SuffixDrafter};
 use specsched_core::{Tree, TreeBatch};
 
-use crate::convert::{int_array1, owned, set_readonly, with_int_view, IntArray1, IntoPyResult};
+use crate::convert::{
+    int_array1, owned, set_readonly, with_int_view, IntArray1, IntoPyResult, PerRequest,
+};
 use crate::tree::{PyTree, PyTreeBatch};
 
 fn int_list(obj: &Bound<'_, PyAny>, arg: &str) -> PyResult<Vec<i64>> {
@@ -122,7 +124,10 @@ fn options(budget: i64, min_prob: f64, factor: f64, chain: bool) -> PyResult<Pro
 impl PySuffixDrafter {
     #[new]
     #[pyo3(signature = (max_depth=64, max_global_tokens=1 << 22))]
-    fn new(max_depth: i64, max_global_tokens: i64) -> PyResult<Self> {
+    fn new(
+        #[pyo3(from_py_with = crate::convert::max_depth_i64_arg)] max_depth: i64,
+        #[pyo3(from_py_with = crate::convert::max_global_tokens_arg)] max_global_tokens: i64,
+    ) -> PyResult<Self> {
         Ok(PySuffixDrafter {
             inner: RwLock::new(SuffixDrafter::new(max_depth, max_global_tokens).py()?),
         })
@@ -165,14 +170,17 @@ impl PySuffixDrafter {
         Ok(self.inner.read().map_err(poisoned)?.cached_responses())
     }
 
-    fn has_request(&self, request_id: i64) -> PyResult<bool> {
+    fn has_request(
+        &self,
+        #[pyo3(from_py_with = crate::convert::request_id_arg)] request_id: i64,
+    ) -> PyResult<bool> {
         Ok(self.inner.read().map_err(poisoned)?.has_request(request_id))
     }
 
     fn start_request(
         &self,
         py: Python<'_>,
-        request_id: i64,
+        #[pyo3(from_py_with = crate::convert::request_id_arg)] request_id: i64,
         prompt: &Bound<'_, PyAny>,
     ) -> PyResult<()> {
         with_tokens(prompt, "prompt", |prompt| {
@@ -183,7 +191,12 @@ impl PySuffixDrafter {
         })?
     }
 
-    fn append(&self, py: Python<'_>, request_id: i64, tokens: &Bound<'_, PyAny>) -> PyResult<()> {
+    fn append(
+        &self,
+        py: Python<'_>,
+        #[pyo3(from_py_with = crate::convert::request_id_arg)] request_id: i64,
+        tokens: &Bound<'_, PyAny>,
+    ) -> PyResult<()> {
         with_tokens(tokens, "tokens", |tokens| {
             py.detach(|| {
                 let mut d = self.inner.write().map_err(poisoned)?;
@@ -193,14 +206,23 @@ impl PySuffixDrafter {
     }
 
     #[pyo3(signature = (request_id, cache=true))]
-    fn finish_request(&self, py: Python<'_>, request_id: i64, cache: bool) -> PyResult<()> {
+    fn finish_request(
+        &self,
+        py: Python<'_>,
+        #[pyo3(from_py_with = crate::convert::request_id_arg)] request_id: i64,
+        cache: bool,
+    ) -> PyResult<()> {
         py.detach(|| {
             let mut d = self.inner.write().map_err(poisoned)?;
             d.finish_request(request_id, cache).py()
         })
     }
 
-    fn remove_response(&self, py: Python<'_>, request_id: i64) -> PyResult<()> {
+    fn remove_response(
+        &self,
+        py: Python<'_>,
+        #[pyo3(from_py_with = crate::convert::request_id_arg)] request_id: i64,
+    ) -> PyResult<()> {
         py.detach(|| {
             let mut d = self.inner.write().map_err(poisoned)?;
             d.remove_response(request_id).py()
@@ -212,10 +234,10 @@ impl PySuffixDrafter {
     fn propose(
         &self,
         py: Python<'_>,
-        request_id: i64,
-        budget: i64,
-        min_prob: f64,
-        max_spec_factor: f64,
+        #[pyo3(from_py_with = crate::convert::request_id_arg)] request_id: i64,
+        #[pyo3(from_py_with = crate::convert::budget_i64_arg)] budget: i64,
+        #[pyo3(from_py_with = crate::convert::min_prob_arg)] min_prob: f64,
+        #[pyo3(from_py_with = crate::convert::max_spec_factor_arg)] max_spec_factor: f64,
         chain: bool,
         use_global: bool,
     ) -> PyResult<PyDraft> {
@@ -241,8 +263,8 @@ impl PySuffixDrafter {
         py: Python<'_>,
         request_ids: &Bound<'_, PyAny>,
         budgets: &Bound<'_, PyAny>,
-        min_prob: f64,
-        max_spec_factor: f64,
+        #[pyo3(from_py_with = crate::convert::min_prob_arg)] min_prob: f64,
+        #[pyo3(from_py_with = crate::convert::max_spec_factor_arg)] max_spec_factor: f64,
         chain: bool,
         use_global: bool,
     ) -> PyResult<PyTreeBatch> {
@@ -252,10 +274,9 @@ impl PySuffixDrafter {
                 "request_ids: empty: a TreeBatch holds at least one tree",
             ));
         }
-        let budgets: Vec<i64> = match budgets.extract::<i64>() {
-            Ok(b) => vec![b; ids.len()],
-            Err(_) => int_list(budgets, "budgets")?,
-        };
+        // The shared options first, so their errors name them rather than `budgets[0]`.
+        options(1, min_prob, max_spec_factor, chain)?;
+        let budgets = PerRequest::extract(budgets, "budgets")?.into_vec(ids.len());
         if budgets.len() != ids.len() {
             return Err(PyValueError::new_err(format!(
                 "budgets: has {} entries but request_ids has {}",
@@ -318,7 +339,12 @@ fn chain_of(ctx: &[i64], draft: &[i64]) -> specsched_core::Result<Tree> {
 impl PyNgramDrafter {
     #[new]
     #[pyo3(signature = (min_n=1, max_n=4, k=5, max_model_len=1 << 40))]
-    fn new(min_n: i64, max_n: i64, k: i64, max_model_len: i64) -> PyResult<Self> {
+    fn new(
+        #[pyo3(from_py_with = crate::convert::min_n_arg)] min_n: i64,
+        #[pyo3(from_py_with = crate::convert::max_n_arg)] max_n: i64,
+        #[pyo3(from_py_with = crate::convert::k_arg)] k: i64,
+        #[pyo3(from_py_with = crate::convert::max_model_len_arg)] max_model_len: i64,
+    ) -> PyResult<Self> {
         Ok(PyNgramDrafter {
             cfg: NgramConfig::new(min_n, max_n, k, max_model_len).py()?,
         })

@@ -85,9 +85,9 @@ pub fn sim_best_tree(
     py: Python<'_>,
     kind: &str,
     values: Vec<Vec<f64>>,
-    budget: usize,
-    max_depth: usize,
-    max_children: usize,
+    #[pyo3(from_py_with = crate::convert::budget_arg)] budget: usize,
+    #[pyo3(from_py_with = crate::convert::max_depth_arg)] max_depth: usize,
+    #[pyo3(from_py_with = crate::convert::max_children_arg)] max_children: usize,
 ) -> PyResult<PyTree> {
     let m = model(kind, values)?;
     let inner = py
@@ -105,8 +105,8 @@ pub fn sim_simulate<'py>(
     tree: &Bound<'py, PyTree>,
     kind: &str,
     values: Vec<Vec<f64>>,
-    steps: u64,
-    seed: u64,
+    #[pyo3(from_py_with = crate::convert::steps_arg)] steps: u64,
+    #[pyo3(from_py_with = crate::convert::seed_arg)] seed: u64,
     threads: Option<usize>,
 ) -> PyResult<Bound<'py, PyTuple>> {
     let m = model(kind, values)?;

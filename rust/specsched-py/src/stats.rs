@@ -113,7 +113,11 @@ impl PyAcceptanceStats {
 
     /// `(low, high)` float64 `[ranks]`: Wilson score intervals at normal quantile `z`.
     #[pyo3(signature = (z=1.96))]
-    fn confidence_interval<'py>(&self, py: Python<'py>, z: f64) -> PyResult<Bound<'py, PyTuple>> {
+    fn confidence_interval<'py>(
+        &self,
+        py: Python<'py>,
+        #[pyo3(from_py_with = crate::convert::z_arg)] z: f64,
+    ) -> PyResult<Bound<'py, PyTuple>> {
         let (lo, hi) = self.inner.confidence_interval(z).py()?;
         PyTuple::new(py, [PyArray1::from_vec(py, lo), PyArray1::from_vec(py, hi)])
     }
