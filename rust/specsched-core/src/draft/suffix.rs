@@ -67,7 +67,8 @@
 //! suffixes are sorted (SA-IS, with common prefixes capped at `max_depth`: `super::sort`) and
 //! the tree is read off the LCP intervals of that order in one pass, O(n): 6.5-8.8 M/s on
 //! 10^5 stdlib bytes and 5.0-7.2 M/s on 10^6 (online: 2-3 and 1.2-1.9).
-//! Eviction of a sequence of n tokens: O(n * max_depth).
+//! Eviction of a sequence of n tokens: O(n * max_depth) (a wide node's child leaves its list in
+//! O(1); a narrow node has at most a few children to scan).
 //! Propose: per-request match O(max_depth); global match O(max_depth^2) steps worst case;
 //! expansion O(budget * children log).
 
@@ -300,6 +301,11 @@ struct Node {
     /// First child (`NIL`: none; a tail has none); a wide node's table id (`wide_heads`).
     first_child: u32,
     next_sib: u32,
+    /// Previous sibling (`NIL`: the first child) when the parent is wide, so a child leaves a
+    /// wide node's list in O(1) (eviction used to scan the root's tens of thousands of
+    /// children for each node it freed); unused under a narrow parent, whose few children
+    /// are scanned.
+    prev_sib: u32,
     /// A reference occurrence `(sequence, start)` through the whole chain: the label of the
     /// point at depth `e` is `tokens(rseq)[rpos + e - 1]`. A tail's is its own occurrence.
     rseq: u32,
@@ -448,6 +454,7 @@ impl SuffixIndex {
                 token: NIL,
                 first_child: NIL,
                 next_sib: NIL,
+                prev_sib: NIL,
                 rseq: NIL,
                 rpos: 0,
                 lo: 0,
@@ -714,6 +721,7 @@ impl SuffixIndex {
             token,
             first_child,
             next_sib: NIL,
+            prev_sib: NIL,
             rseq: rs.0,
             rpos: rs.1,
             lo,
@@ -774,9 +782,14 @@ impl SuffixIndex {
     /// Links `v` as a child of `u`, which had `kids` children (exact when `u` is narrow).
     fn link_child(&mut self, u: u32, v: u32, kids: usize) {
         let ui = u as usize;
-        self.nodes[v as usize].next_sib = self.head(u);
+        let old = self.head(u);
+        self.nodes[v as usize].next_sib = old;
         self.set_head(u, v);
         if self.is_wide(u) {
+            self.nodes[v as usize].prev_sib = NIL;
+            if old != NIL {
+                self.nodes[old as usize].prev_sib = v;
+            }
             let tid = self.nodes[ui].first_child;
             self.winsert(tid, v);
         } else if kids + 1
@@ -798,22 +811,38 @@ impl SuffixIndex {
             };
             self.nodes[ui].first_child = tid;
             self.nodes[ui].hi |= WIDE;
-            let mut c = v;
+            let (mut prev, mut c) = (NIL, v);
             while c != NIL {
                 self.winsert(tid, c);
+                self.nodes[c as usize].prev_sib = prev;
+                prev = c;
                 c = self.nodes[c as usize].next_sib;
             }
         }
     }
 
-    /// Unlinks child `v` from `u` (scans `u`'s siblings: eviction only).
+    /// Unlinks child `v` from `u`: O(1) under a wide `u` (siblings know their predecessor),
+    /// a scan of `u`'s few children otherwise. Eviction only.
     fn unlink_child(&mut self, u: u32, v: u32) {
         let i = v as usize;
+        let next = self.nodes[i].next_sib;
         if self.is_wide(u) {
             let tid = self.nodes[u as usize].first_child;
             self.wremove(tid, self.nodes[i].token);
+            let prev = self.nodes[i].prev_sib;
+            if next != NIL {
+                self.nodes[next as usize].prev_sib = prev;
+            }
+            if prev != NIL {
+                self.nodes[prev as usize].next_sib = next;
+            } else {
+                self.set_head(u, next);
+                if next == NIL {
+                    self.drop_wide(u);
+                }
+            }
+            return;
         }
-        let next = self.nodes[i].next_sib;
         let mut c = self.head(u);
         if c == v {
             self.set_head(u, next);
@@ -955,6 +984,7 @@ impl SuffixIndex {
                 token,
                 first_child: NIL,
                 next_sib: NIL,
+                prev_sib: NIL,
                 rseq: seq,
                 rpos,
                 lo,
@@ -2009,6 +2039,7 @@ mod child_table_tests {
                             token: t,
                             first_child: NIL,
                             next_sib: NIL,
+                            prev_sib: NIL,
                             rseq: 0,
                             rpos: 0,
                             lo: 1,
