@@ -204,6 +204,39 @@ def test_suffix_drafters_sharing_an_index_keep_each_others_responses() -> None:
     assert len(set(first.request_ids) | set(second.request_ids) | {1}) == 5
 
 
+def test_a_failed_run_leaves_no_request_in_a_shared_index() -> None:
+    # A target that fails on its third forward (a transient CUDA OOM, say): the drafter's
+    # requests leave the shared index with the failure, and a bad prompt part-way through
+    # `start` takes the rows started before it along.
+    models = toy_models(vocab=6, seed=1, mismatch=0.2)
+
+    class Flaky(ToyTarget):
+        forwards = 0
+
+        def forward_tree(self, trees: ss.TreeBatch) -> TargetStep:
+            self.forwards += 1
+            if self.forwards == 3:
+                raise RuntimeError("transient target failure")
+            return super().forward_tree(trees)
+
+    index = ss.SuffixDrafter()
+    drafter = SuffixTreeDrafter(8, index=index)
+    prompts = [[0, 1, 2, 3] * 5, [2, 3, 4] * 5]
+    for _ in range(3):
+        with pytest.raises(RuntimeError, match="transient"):
+            generate(Flaky(models.target_logits), drafter, prompts, 20)
+        assert index.num_requests == 0
+    generate(ToyTarget(models.target_logits), drafter, prompts, 20)
+    assert index.num_requests == 0
+    with pytest.raises(ValueError, match="prompt"):
+        drafter.start([[1, 2], [1, 2**31]], np.array([3, 3]), TargetStep(None))
+    assert index.num_requests == 0
+    # A run left unfinished by a caller of the protocol is dropped by the next start.
+    drafter.start(prompts, np.array([1, 2]), TargetStep(None))
+    drafter.start(prompts, np.array([1, 2]), TargetStep(None))
+    assert index.num_requests == 2
+
+
 def test_trees_are_cut_to_the_tokens_a_request_has_left() -> None:
     models = toy_models(vocab=4, seed=5, mismatch=0.3)
     # Near the end, a request is verified only as deep as it can still emit: the ToyDrafter's

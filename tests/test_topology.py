@@ -321,7 +321,9 @@ def test_dynamic_builder_start_takes_prefix_lens_as_before():
         assert positions[:, 0].tolist() == want, prefix
     with pytest.raises(TypeError, match="prefix_lens"):
         ss.DynamicTreeBuilder(2, 2, 2, 3).start([1, 2], [[1, 2], [3, 4]], lp, [1.5, 2.0])
-    with pytest.raises(TypeError, match="prefix_lens: expected an int or a 1-D int array, got bool"):
+    with pytest.raises(
+        TypeError, match="prefix_lens: expected an int or a 1-D int array, got bool"
+    ):
         ss.DynamicTreeBuilder(2, 2, 2, 3).start([1, 2], [[1, 2], [3, 4]], lp, True)
 
 

@@ -58,11 +58,27 @@ class SuffixTreeDrafter:
     def start(
         self, input_ids: Sequence[Sequence[int]], first_tokens: np.ndarray, prefill: TargetStep
     ) -> None:
-        self.request_ids = _fresh_request_ids(self.index, len(input_ids))
-        for rid, prompt, first in zip(self.request_ids, input_ids, first_tokens, strict=True):
-            # The first token is the response's: it goes to the global cache with the rest.
-            self.index.start_request(int(rid), np.asarray(prompt, dtype=np.int64))
-            self.index.append(int(rid), np.array([first], dtype=np.int64))
+        # Requests of a run that never finished are dropped (not cached): a shared index would
+        # otherwise keep them, and their memory, forever.
+        self._drop_live()
+        ids = _fresh_request_ids(self.index, len(input_ids))
+        try:
+            for rid, prompt, first in zip(ids, input_ids, first_tokens, strict=True):
+                # The first token is the response's: it goes to the global cache with the rest.
+                self.index.start_request(int(rid), np.asarray(prompt, dtype=np.int64))
+                self.index.append(int(rid), np.array([first], dtype=np.int64))
+        except BaseException:
+            # A bad prompt part-way: the rows already started leave with it.
+            self.request_ids = ids
+            self._drop_live()
+            raise
+        self.request_ids = ids
+
+    def _drop_live(self) -> None:
+        for rid in self.request_ids:
+            if self.index.has_request(int(rid)):
+                self.index.finish_request(int(rid), cache=False)
+        self.request_ids = np.zeros(0, dtype=np.int64)
 
     def propose(self, roots: np.ndarray, active: np.ndarray) -> TreeBatch:
         return self.index.propose_batch(

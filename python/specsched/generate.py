@@ -18,8 +18,9 @@ per target forward, which is the baseline every figure here is compared against.
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
 
@@ -321,96 +322,101 @@ def generate(
     if retire is not None and not active.all():
         retire(np.flatnonzero(~active))
 
-    if drafter is not None:
-        t0 = clock()
-        drafter.start(prompts, roots.copy(), prefill)
-        out.draft_s += clock() - t0
-    build0 = float(getattr(drafter, "build_seconds", 0.0))
-    layout0 = float(getattr(target, "layout_seconds", 0.0))
-
-    while active.any():
-        out.steps += 1
-        # The loop's own bookkeeping, outside every timer (a greedy step draws nothing).
-        step_seed = None if greedy else _step_seed(seed, out.steps)
-        t0 = clock()
-        rows = np.flatnonzero(active).tolist()  # running this step
-        if drafter is None:
-            trees = root_only(roots)
-        else:
-            trees = drafter.propose(roots.copy(), active.copy())
-            if trees.num_trees != n:
-                raise ValueError(f"drafter.propose: {trees.num_trees} trees for {n} requests")
-            offsets = trees.offsets
-            if not np.array_equal(trees.tokens[offsets[:-1]], roots):
-                raise ValueError("drafter.propose: a tree's root is not its request's last token")
-            # A request with r tokens left can use a path of at most r tokens: the drafts at
-            # depth <= r - 1 and the bonus token (deeper nodes would be verified for nothing,
-            # at positions no autoregressive run of the request reaches); a finished row, its
-            # root alone. The cut is a specsched call: only when some tree is deeper than its
-            # row can use (the shipped drafters give finished rows the root alone).
-            shortest = min(max_new_tokens - len(out.tokens[b]) for b in rows)
-            if trees.max_depth >= shortest or (
-                len(rows) < n and bool((np.diff(offsets)[~active] > 1).any())
-            ):
-                # Each row's deepest usable level, as the loop's bookkeeping (outside the
-                # timer, as `shortest` is); the cut itself is specsched's work.
-                left = max_new_tokens - np.fromiter(map(len, out.tokens), np.int64, n)
-                deepest = np.where(active, left - 1, 0)
-                cut0 = clock()
-                trees = trees.limit_depth(deepest)
-                # specsched's own tree work, not the drafter's (`draft_s` gets t1 - t0 less it).
-                cut = clock() - cut0
-                out.build_s += cut
-                out.draft_s -= cut
-        t1 = clock()
-        step = target.forward_tree(trees)
-        if sync is not None:
-            sync()
-        t2 = clock()
-        # Greedy: `verify(trees, logits)` alone, which `verify` answers without handling
-        # options (1-4 µs less a step in the demo's loop).
-        result = (
-            verify(trees, step.logits)
-            if greedy
-            else verify(trees, step.logits, seed=step_seed, **sampling)
-        )
-        assert isinstance(result, BatchVerifyResult)
-        t3 = clock()
-        target.accept(result)
-        if sync is not None:
-            sync()
-        t4 = clock()
-        out.draft_s += t1 - t0
-        out.target_s += t2 - t1
-        out.verify_s += t3 - t2
-        out.kv_s += t4 - t3
-        out.step_nodes.append(int(trees.num_nodes))
-
-        num_accepted = result.num_accepted
-        emitted = result.tokens
-        # Tokens each row committed: its accepted path and bonus, cut after EOS (0 when done).
-        kept = np.zeros(n, dtype=np.int64)
-        finished: list[int] = []
-        for b in rows:
-            k = int(num_accepted[b])
-            out.forwards[b] += 1
-            row = out.tokens[b]
-            before = len(row)
-            if _emit(out, b, emitted[b, : k + 1], max_new_tokens, eos_token_id, active):
-                finished.append(b)
-            kept[b] = len(row) - before
-            # Drafts the row emitted: a path cut at EOS or at the length limit keeps fewer
-            # than the verifier accepted, and the tokens past the cut never existed.
-            out.accepted[b].append(min(k, int(kept[b])))
-            # The next root is the last token emitted (the bonus, or the EOS a cut path
-            # ended on), which a drafter sees as its request's last token.
-            roots[b] = row[-1]
+    # A run that fails part-way (a target error, an interrupt) still lets the drafter let go
+    # of its requests: an index shared across batches would otherwise keep them forever.
+    with _finished_on_failure(drafter):
         if drafter is not None:
-            t5 = clock()
-            drafter.commit(trees, result, step, kept)
-            out.draft_s += clock() - t5
-        if finished and retire is not None and active.any():
-            retire(np.array(finished, dtype=np.int64))
+            t0 = clock()
+            drafter.start(prompts, roots.copy(), prefill)
+            out.draft_s += clock() - t0
+        build0 = float(getattr(drafter, "build_seconds", 0.0))
+        layout0 = float(getattr(target, "layout_seconds", 0.0))
+
+        while active.any():
+            out.steps += 1
+            # The loop's own bookkeeping, outside every timer (a greedy step draws nothing).
+            step_seed = None if greedy else _step_seed(seed, out.steps)
+            t0 = clock()
+            rows = np.flatnonzero(active).tolist()  # running this step
+            if drafter is None:
+                trees = root_only(roots)
+            else:
+                trees = drafter.propose(roots.copy(), active.copy())
+                if trees.num_trees != n:
+                    raise ValueError(f"drafter.propose: {trees.num_trees} trees for {n} requests")
+                offsets = trees.offsets
+                if not np.array_equal(trees.tokens[offsets[:-1]], roots):
+                    raise ValueError(
+                        "drafter.propose: a tree's root is not its request's last token"
+                    )
+                # A request with r tokens left can use a path of at most r tokens: the drafts at
+                # depth <= r - 1 and the bonus token (deeper nodes would be verified for nothing,
+                # at positions no autoregressive run of the request reaches); a finished row, its
+                # root alone. The cut is a specsched call: only when some tree is deeper than its
+                # row can use (the shipped drafters give finished rows the root alone).
+                shortest = min(max_new_tokens - len(out.tokens[b]) for b in rows)
+                if trees.max_depth >= shortest or (
+                    len(rows) < n and bool((np.diff(offsets)[~active] > 1).any())
+                ):
+                    # Each row's deepest usable level, as the loop's bookkeeping (outside the
+                    # timer, as `shortest` is); the cut itself is specsched's work.
+                    left = max_new_tokens - np.fromiter(map(len, out.tokens), np.int64, n)
+                    deepest = np.where(active, left - 1, 0)
+                    cut0 = clock()
+                    trees = trees.limit_depth(deepest)
+                    # specsched's own tree work, not the drafter's (`draft_s` gets t1 - t0 less it).
+                    cut = clock() - cut0
+                    out.build_s += cut
+                    out.draft_s -= cut
+            t1 = clock()
+            step = target.forward_tree(trees)
+            if sync is not None:
+                sync()
+            t2 = clock()
+            # Greedy: `verify(trees, logits)` alone, which `verify` answers without handling
+            # options (1-4 µs less a step in the demo's loop).
+            result = (
+                verify(trees, step.logits)
+                if greedy
+                else verify(trees, step.logits, seed=step_seed, **sampling)
+            )
+            assert isinstance(result, BatchVerifyResult)
+            t3 = clock()
+            target.accept(result)
+            if sync is not None:
+                sync()
+            t4 = clock()
+            out.draft_s += t1 - t0
+            out.target_s += t2 - t1
+            out.verify_s += t3 - t2
+            out.kv_s += t4 - t3
+            out.step_nodes.append(int(trees.num_nodes))
+
+            num_accepted = result.num_accepted
+            emitted = result.tokens
+            # Tokens each row committed: its accepted path and bonus, cut after EOS (0 when done).
+            kept = np.zeros(n, dtype=np.int64)
+            finished: list[int] = []
+            for b in rows:
+                k = int(num_accepted[b])
+                out.forwards[b] += 1
+                row = out.tokens[b]
+                before = len(row)
+                if _emit(out, b, emitted[b, : k + 1], max_new_tokens, eos_token_id, active):
+                    finished.append(b)
+                kept[b] = len(row) - before
+                # Drafts the row emitted: a path cut at EOS or at the length limit keeps fewer
+                # than the verifier accepted, and the tokens past the cut never existed.
+                out.accepted[b].append(min(k, int(kept[b])))
+                # The next root is the last token emitted (the bonus, or the EOS a cut path
+                # ended on), which a drafter sees as its request's last token.
+                roots[b] = row[-1]
+            if drafter is not None:
+                t5 = clock()
+                drafter.commit(trees, result, step, kept)
+                out.draft_s += clock() - t5
+            if finished and retire is not None and active.any():
+                retire(np.array(finished, dtype=np.int64))
 
     if drafter is not None:
         built = float(getattr(drafter, "build_seconds", 0.0)) - build0
@@ -424,6 +430,20 @@ def generate(
     out.target_s -= out.layout_s
     out.wall_s = clock() - wall0
     return out
+
+
+@contextlib.contextmanager
+def _finished_on_failure(drafter: Drafter | None) -> Iterator[None]:
+    """Calls the drafter's optional `finish` when the block raises, then re-raises (an error
+    `finish` raises then is dropped: the first failure is the one to report)."""
+    try:
+        yield
+    except BaseException:
+        finish = getattr(drafter, "finish", None)
+        if finish is not None:
+            with contextlib.suppress(Exception):
+                finish()
+        raise
 
 
 def _emit(
