@@ -1542,6 +1542,14 @@ def scalar_cases() -> None:
         ),
     ]:
         bad(fn, kind, exc, arg, call)
+    # Options a greedy call does not use are still checked, not ignored.
+    for kind, exc, arg, kw in [
+        ("greedy, negative seed", ValueError, "seed", {"seed": -1}),
+        ("greedy, str seed", TypeError, "seed", {"seed": "abc"}),
+        ("greedy, unknown draft_sampling", ValueError, "draft_sampling", {"draft_sampling": "x"}),
+        ("greedy, NaN posterior_alpha", ValueError, "posterior_alpha", {"posterior_alpha": np.nan}),
+    ]:
+        bad("verify", kind, exc, arg, lambda kw=kw: ss.verify(TREE, LOGITS, **kw), LOGITS)
     if torch is None:
         return
     one = torch.tensor([7])

@@ -490,6 +490,13 @@ def test_device_path_matches_the_host_at_the_edges(dtype):
             host = ss.verify(star, logits, reduce="host", **kw)
             dev = ss.verify(star, logits, reduce="device", **kw)
             assert dev.tokens.tolist() == host.tokens.tolist(), (temp, seed)
+    # A top_p below float32's smallest value keeps the most likely token, as the host does
+    # (it rounded to 0 on the device, kept nothing and drew token -1, the walk's stop marker).
+    for seed in range(10):
+        kw = {"temperature": 1.0, "top_p": 1e-46, "seed": seed}
+        host = ss.verify(star, logits, reduce="host", **kw)
+        dev = ss.verify(star, logits, reduce="device", **kw)
+        assert dev.tokens.tolist() == host.tokens.tolist() == [1, 1], seed
     # A row with no finite logit: a greedy request still has its argmax (token 0), as on the
     # host; a sampled one is refused naming why, not as a NaN.
     dead = torch.full((2, 3), float("-inf"), dtype=getattr(torch, dtype))

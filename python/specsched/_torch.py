@@ -251,6 +251,10 @@ def device_sample(
             ws = torch.exp(zs)
             before = torch.cumsum(ws, dim=-1) - ws
             keep_sorted = before < (p.to(cdt) * total)[:, None]
+            # The most likely token is always kept (the host keeps it for any p > 0): a p
+            # below the compute type's smallest value rounds to 0 and would keep nothing
+            # (then every draw fell past the end: token -1, the walk's stop marker).
+            keep_sorted[:, 0] = True
             keep = torch.empty_like(keep_sorted).scatter_(-1, order, keep_sorted)
             w = torch.where(use_p[:, None] & ~keep, 0.0, w).to(cdt)
             total = w.sum(dim=-1)

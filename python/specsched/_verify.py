@@ -12,6 +12,7 @@ sample per node) and only `[T]` choices cross to the host.
 from __future__ import annotations
 
 import functools
+import math
 import secrets
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -76,6 +77,14 @@ def verify(
         and draft_probs is None
         and rule is None
     )
+    if not sampling and (
+        seed is not None
+        or draft_sampling != "with_replacement"
+        or posterior_threshold != 0.09
+        or posterior_alpha != 0.3
+    ):
+        # Not used by a greedy walk, but a wrong value is still the caller's mistake to hear.
+        _check_options(seed, draft_sampling, posterior_threshold, posterior_alpha)
     if target_tokens is not None:
         if sampling:
             raise TypeError(
@@ -179,6 +188,27 @@ def _param(value: Any, name: str, default: float | int, integer: bool) -> np.nda
     return np.ascontiguousarray(arr.reshape(-1), dtype=np.int64 if integer else np.float64)
 
 
+def _check_options(
+    seed: Any, draft_sampling: Any, posterior_threshold: Any, posterior_alpha: Any
+) -> int:
+    """The options every call validates, sampled or not (a `seed` passed without a
+    temperature is still checked, not ignored): returns the seed to use."""
+    if draft_sampling not in ("with_replacement", "without_replacement"):
+        raise ValueError(
+            "draft_sampling: expected 'with_replacement' or 'without_replacement', "
+            f"got {draft_sampling!r}"
+        )
+    for name, x in (
+        ("posterior_threshold", posterior_threshold),
+        ("posterior_alpha", posterior_alpha),
+    ):
+        if isinstance(x, bool) or not isinstance(x, (int, float, np.integer, np.floating)):
+            raise TypeError(f"{name}: expected a float, got {type(x).__name__}")
+        if not math.isfinite(x):
+            raise ValueError(f"{name}: expected a finite number, got {x}")
+    return _seed(seed)
+
+
 def _seed(seed: Any) -> int:
     if seed is None:
         return secrets.randbits(64)
@@ -206,12 +236,7 @@ def _verify_sampled(
     temps = _param(temperature, "temperature", 0.0, integer=False)
     ks = _param(top_k, "top_k", 0, integer=True)
     ps = _param(top_p, "top_p", 1.0, integer=False)
-    seed = _seed(seed)
-    if draft_sampling not in ("with_replacement", "without_replacement"):
-        raise ValueError(
-            "draft_sampling: expected 'with_replacement' or 'without_replacement', "
-            f"got {draft_sampling!r}"
-        )
+    seed = _check_options(seed, draft_sampling, posterior_threshold, posterior_alpha)
     if rule not in (None, "typical"):
         raise ValueError(f"rule: expected None or 'typical', got {rule!r}")
     if rule == "typical" and draft_probs is not None:
@@ -219,12 +244,6 @@ def _verify_sampled(
     core_rule = (
         "typical" if rule == "typical" else ("match" if draft_probs is None else "rejection")
     )
-    for name, x in (
-        ("posterior_threshold", posterior_threshold),
-        ("posterior_alpha", posterior_alpha),
-    ):
-        if isinstance(x, bool) or not isinstance(x, (int, float, np.integer, np.floating)):
-            raise TypeError(f"{name}: expected a float, got {type(x).__name__}")
     dtype = None
     if _reduce_on_device(logits, reduce):
         if core_rule != "match":
