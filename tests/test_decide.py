@@ -192,6 +192,44 @@ def test_ngram_expected_tokens_use_the_chain_formula() -> None:
     assert ngram.expected_tokens == pytest.approx(0.4 * sim.expected_tokens_chain(0.6, g) + 0.6)
 
 
+def test_ngram_steps_are_priced_over_independent_hits() -> None:
+    """Each request hits on its own: the step's forward is the mean over every hit pattern
+    (enumerated here for 8 requests), not the all-hit / all-miss mixture."""
+    import itertools
+
+    from specsched.decide import _Scorer
+
+    p = Profile(
+        prompt_tokens=100, output_tokens=400, concurrency=8, knee_tokens=20.0, ngram_hit_rate=0.3
+    )
+    scorer = _Scorer(p)
+    for hit, extra in [(0.3, 4), (0.7, 1), (0.0, 3), (1.0, 3), (0.5, 0)]:
+        want = 0.0
+        for pattern in itertools.product([0, 1], repeat=8):
+            k = sum(pattern)
+            prob = hit**k * (1 - hit) ** (8 - k)
+            want += prob * p.target_forward_ms * max(1.0, (8 + extra * k) / p.knee_tokens)
+        assert scorer.t_target_mixed(hit, extra) == pytest.approx(want, rel=1e-12)
+        mixture = hit * scorer.t_target(1 + extra) + (1 - hit) * scorer.t_target(1)
+        assert scorer.t_target_mixed(hit, extra) <= mixture + 1e-12
+    # Past the knee the mixture overstates the step; the n-gram candidate gains by it.
+    busy = decide({**DECODE_HEAVY, "concurrency": 256, "ngram_hit_rate": 0.5})
+    ngram = next(c for c in busy.candidates if c.method == "ngram")
+    g = ngram.config["num_speculative_tokens"]
+    s = _Scorer(Profile(**{**DECODE_HEAVY, "concurrency": 256, "ngram_hit_rate": 0.5}))
+    assert s.t_target_mixed(0.5, g) < 0.5 * s.t_target(1 + g) + 0.5 * s.t_target(1)
+
+
+def test_speedup_ranges_are_ordered_where_speculation_loses() -> None:
+    # At 256 requests a better hit rate drafts more and loses more: the range's ends swap.
+    rec = decide(
+        {**DECODE_HEAVY, "concurrency": 256, "ngram_hit_rate": 0.1, "acceptance_uncertainty": 0.2}
+    )
+    for c in rec.candidates:
+        assert c.speedup_range[0] <= c.speedup_range[1], c
+    assert rec.speedup_range[0] <= rec.speedup_range[1]
+
+
 def test_profile_files(tmp_path: Path) -> None:
     needs_toml()
     toml = tmp_path / "p.toml"

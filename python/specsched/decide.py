@@ -12,6 +12,10 @@ with its numbers. Every candidate is scored with the same model (`specsched.sim`
 - `step = t_target(N) + draft_steps * t_draft + t_host`, with `t_target(N)` flat until
   `concurrency * N` reaches the knee and linear after it: at high concurrency verification
   stops being free, big trees lose, and speculation can lose outright;
+- model-free drafters (n-gram, suffix) match on a share `hit_rate` of steps, each request
+  independently: a step's forward is priced at its expected cost over the binomial number of
+  requests that hit (the cost is convex in the tokens, so at high concurrency, where the
+  requests rarely all hit at once, all-hit / all-miss pricing would overstate it);
 - `E[tokens per step]` comes from the acceptance model on the candidate's tree (exact, Rust);
 - mixed workloads (`classes`) are scored per class and combined by time, i.e. weighted by each
   class's request share and token counts; the reasons quote the output-token shares.
@@ -34,6 +38,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from specsched import sim
 from specsched.sim import Acceptance, CostModel
@@ -132,6 +138,10 @@ class Profile:
             _length("prompt_tokens", self.prompt_tokens, 0)
             _length("output_tokens", self.output_tokens, 1)
         _integer("concurrency", self.concurrency, 1)
+        if self.concurrency > MAX_CONCURRENCY:
+            raise ProfileError(
+                f"concurrency: {self.concurrency}, expected at most {MAX_CONCURRENCY:,}"
+            )
         for name in ("target_forward_ms", "knee_tokens", "eagle3_memory_gb", "min_speedup"):
             _positive(name, getattr(self, name))
         for name in ("host_overhead_ms", "suffix_ms_per_token", "ngram_ms_per_token"):
@@ -201,6 +211,8 @@ def _integer(name: str, x: Any, minimum: int) -> None:
         raise ProfileError(f"{name}: {x!r}, expected an integer >= {minimum}")
 
 
+# Most concurrent requests a profile may give (the batch's hit count is summed exactly).
+MAX_CONCURRENCY = 1_000_000
 # Longest length a profile may give: far past any workload, and small enough that no product
 # of the model overflows a float (1e308 tokens made every speed-up nan).
 MAX_TOKENS = 1e12
@@ -350,6 +362,27 @@ class _Scorer:
     def t_target(self, n: int) -> float:
         return self.cost.t_target(n)
 
+    def t_target_mixed(self, hit: float, extra: int) -> float:
+        """Expected forward when each request verifies `1 + extra` tokens with probability
+        `hit`, independently of the others, else 1: `E[t(B + extra * H)]` with `H ~
+        Binomial(B, hit)`. The forward's cost is convex in its tokens (flat, then linear past
+        the knee), so pricing a step as all-hit or all-miss (`hit * t(1 + extra) + (1 - hit)
+        * t(1)`) overstates it at high concurrency, where the rows rarely all hit at once."""
+        b = self.p.concurrency
+        if hit <= 0.0 or extra == 0:
+            return self.cost.t_forward(b)
+        if hit >= 1.0:
+            return self.cost.t_forward(b * (1 + extra))
+        h = np.arange(b + 1)
+        # log C(b, h) by a running sum of log((b - i + 1) / i): no lgamma in numpy.
+        i = np.arange(1, b + 1)
+        log_choose = np.concatenate(([0.0], np.cumsum(np.log((b - i + 1) / i))))
+        log_pmf = log_choose + h * math.log(hit) + (b - h) * math.log1p(-hit)
+        pmf = np.exp(log_pmf - log_pmf.max())
+        tokens = b + extra * h
+        forward = self.p.target_forward_ms * np.maximum(1.0, tokens / self.p.knee_tokens)
+        return float((pmf * forward).sum() / pmf.sum())
+
     def times(self, expected_tokens: float, step_ms: float) -> tuple[float, float]:
         """(baseline, speculative) GPU ms per request, averaged over the classes."""
         b = self.p.concurrency
@@ -406,8 +439,8 @@ def _chain_candidate(
     def score(gamma: int, h: float, a: float) -> tuple[float, float]:
         tokens = h * sim.expected_tokens_chain(a, gamma) + (1 - h)
         step = (
-            h * (scorer.t_target(gamma + 1) + gamma * (t_draft + host_per_token))
-            + (1 - h) * scorer.t_target(1)
+            scorer.t_target_mixed(h, gamma)
+            + h * gamma * (t_draft + host_per_token)
             + p.host_overhead_ms
         )
         return tokens, step
@@ -420,9 +453,14 @@ def _chain_candidate(
             best = (s, gamma, tokens, step)
     assert best is not None
     s, gamma, tokens, step = best
-    lo = scorer.speedup(*score(gamma, _clip(hit_rate - delta), _clip(acceptance - delta)))
-    hi = scorer.speedup(*score(gamma, _clip(hit_rate + delta), _clip(acceptance + delta)))
-    return Candidate(method, {"num_speculative_tokens": gamma}, tokens, step, s, (lo, hi))
+    ends = (
+        scorer.speedup(*score(gamma, _clip(hit_rate - delta), _clip(acceptance - delta))),
+        scorer.speedup(*score(gamma, _clip(hit_rate + delta), _clip(acceptance + delta))),
+    )
+    # Ordered: where speculation loses, better acceptance can lose more (bigger drafts).
+    return Candidate(
+        method, {"num_speculative_tokens": gamma}, tokens, step, s, (min(ends), max(ends))
+    )
 
 
 def _eagle3_candidates(scorer: _Scorer, delta: float) -> tuple[Candidate, Candidate]:
@@ -454,8 +492,11 @@ def _eagle3_candidates(scorer: _Scorer, delta: float) -> tuple[Candidate, Candid
 
     def candidate(method: str, top: tuple[float, int, int, int, float, float]) -> Candidate:
         s, budget, depth, topk, tokens, step = top
-        lo = scorer.speedup(*score(_clip(a - delta), budget, depth, topk))
-        hi = scorer.speedup(*score(_clip(a + delta), budget, depth, topk))
+        ends = (
+            scorer.speedup(*score(_clip(a - delta), budget, depth, topk)),
+            scorer.speedup(*score(_clip(a + delta), budget, depth, topk)),
+        )
+        lo, hi = min(ends), max(ends)
         if topk == 1:
             config: dict[str, Any] = {"num_speculative_tokens": depth}
         else:
@@ -511,7 +552,7 @@ def decide(profile: Profile | Mapping[str, Any] | str | Path) -> Recommendation:
     kind = "decode-heavy" if decode_share >= 0.5 else "prefill-heavy"
     bound = (
         f"; speculation only speeds up decode, so no method can beat "
-        f"1/(1 - {decode_share:.2f}) = {1 / (1 - decode_share):.2f}x end to end"
+        f"1/(1 - {decode_share:.3f}) = {1 / (1 - decode_share):.2f}x end to end"
         if decode_share < 0.9
         else ""
     )
