@@ -129,6 +129,15 @@ def test_choose_tree_trades_draft_time_for_length():
     assert dear.budget == 1 and dear.depth == 0 and dear.choices == []
 
 
+def test_choose_tree_ties_equal_trees_summed_along_different_paths():
+    # Depth 2 and depth 3 give trees worth exactly 6.45 (0.15 + 1 + 1 ... by hand), but the DP
+    # sums them along different paths: 6.449999999999999 and 6.45. Free drafting: a tie, which
+    # goes to the shallower depth (it was depth 3).
+    c = ss.choose_tree([0.15, 1.0, 1.0], 0.0, {9: 1.0}, 5)
+    assert c.depth == 2 and c.expected_length == pytest.approx(6.45, rel=1e-15)
+    assert ref.choose_tree([0.15, 1.0, 1.0], 0.0, {9: 1.0}, 5)[:2] == (9, 2)
+
+
 @pytest.mark.parametrize(
     ("call", "exc", "match"),
     [

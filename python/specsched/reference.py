@@ -1403,14 +1403,15 @@ def choose_tree(
 ) -> tuple[int, int, float, float]:
     """`(budget, depth, expected_length, time_per_token)` minimizing
     (depth * t_draft + t_verify[budget]) / expected_length; budget 1 drafts nothing (depth 0);
-    ties to the smaller budget, then the shallower depth."""
+    ties (within a relative 1e-12) to the smaller budget, then the shallower depth."""
     best: tuple[float, int, int, float] | None = None
     for n in sorted(t_verify):
         depths_ = [0] if n == 1 else range(1, min(max_depth, n - 1) + 1)
         for d in depths_:
             e = 1.0 if n == 1 else optimal_tree(accept_probs, n, d)[1]
             cost = (d * t_draft + t_verify[n]) / e
-            if best is None or cost < best[0]:
+            # Costs within a relative 1e-12 tie (equal trees' sums can differ in the last bit).
+            if best is None or cost < best[0] - 1e-12 * abs(best[0]):
                 best = (cost, n, d, e)
     assert best is not None
     return best[1], best[2], best[3], best[0]

@@ -418,6 +418,12 @@ pub fn optimal_tree(p: &[f64], budget: usize, max_depth: Option<usize>) -> Resul
     }
 }
 
+/// Relative difference under which two costs tie in [`choose_tree`]: the DP sums the same
+/// products along different paths, so equal trees' values can differ in the last bit (6.45
+/// against 6.449999999999999), and the tie rule (smaller budget, then shallower) must see
+/// them as equal.
+pub const TIE_TOLERANCE: f64 = 1e-12;
+
 /// A hardware-aware choice of tree.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Choice {
@@ -431,7 +437,8 @@ pub struct Choice {
 /// Picks the `(budget, depth)` minimizing `(depth · t_draft + t_verify(budget)) / E[len]` over
 /// the measured verify costs `t_verify` (`(budget, seconds)` pairs) and depths `1..=max_depth`
 /// (depth 0 for budget 1, which drafts nothing),
-/// from one DP run. Ties go to the smaller budget, then the shallower depth.
+/// from one DP run. Ties (costs within [`TIE_TOLERANCE`]) go to the smaller budget, then the
+/// shallower depth.
 pub fn choose_tree(
     p: &[f64],
     t_draft: f64,
@@ -476,7 +483,7 @@ pub fn choose_tree(
         let depths = if n == 1 { 0..=0 } else { 1..=depth };
         for d in depths {
             let cost = (d as f64 * t_draft + tv) / dp.value(n, d);
-            if best.is_none_or(|(c, _, _)| cost < c) {
+            if best.is_none_or(|(c, _, _)| cost < c - TIE_TOLERANCE * c.abs()) {
                 best = Some((cost, n, d));
             }
         }
