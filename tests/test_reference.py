@@ -139,6 +139,17 @@ def test_negative_prefix_len() -> None:
         ref.positions(P5, -1)
 
 
+def test_the_oracle_refuses_what_the_contract_refuses() -> None:
+    # The reference is the oracle: it must not answer where the extension raises (a typo'd
+    # order gave a breadth-first tree, a negative depth an empty "tree", True a prefix of 1).
+    with pytest.raises(ValueError, match="order"):
+        ref.from_choices([(0,), (0, 0)], order="depth-first")
+    with pytest.raises(ValueError, match="max_depth"):
+        ref.limit_depth(P5, [0] * len(P5), -1)
+    with pytest.raises(TypeError, match="prefix_lens"):
+        ref.batch_positions([-1, 0], [0, 2], True)
+
+
 # ---------------------------------------------------------------- from_choices
 
 

@@ -622,3 +622,29 @@ def test_trees_are_immutable() -> None:
     b = ss.TreeBatch([t])
     with pytest.raises(AttributeError):
         b.offsets = np.array([0, 2])  # type: ignore[misc]
+
+
+def test_trees_pickle_copy_and_refuse_hashing() -> None:
+    # Serving engines ship trees between scheduler and worker processes: a tree and a batch
+    # pickle by value; they are immutable, so a copy is the object itself. Equality is by
+    # value with no hash (a list's contract; the stubs say so).
+    import copy
+    import pickle
+
+    t = ss.Tree.from_choices([(0,), (1,), (0, 0)], tokens=[9, 4, 5, 6])
+    b = ss.TreeBatch([t, ss.Tree.chain([1, 2])])
+    for x in (t, b):
+        back = pickle.loads(pickle.dumps(x))
+        assert back == x and type(back) is type(x)
+        assert copy.copy(x) is x and copy.deepcopy(x) is x
+        with pytest.raises(TypeError, match="unhashable"):
+            hash(x)
+    assert pickle.loads(pickle.dumps(b)).offsets.tolist() == [0, 4, 6]
+
+
+@pytest.mark.parametrize("order", [None, 0, b"depth_first"])
+def test_a_non_string_order_names_the_argument(order: Any) -> None:
+    with pytest.raises(TypeError, match="order: expected 'breadth_first' or 'depth_first'"):
+        ss.Tree.from_choices([(0,)], order=order)
+    with pytest.raises(TypeError, match="order: expected 'pool' or 'depth_first'"):
+        ss.DynamicTreeBuilder(1, 1, 1, 2).build(order)

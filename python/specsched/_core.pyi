@@ -1,6 +1,6 @@
 """Typed stubs of the Rust extension `specsched._core` (the API users see in their editor)."""
 
-from typing import Any, Literal, final
+from typing import Any, ClassVar, Literal, final
 
 import numpy as np
 import numpy.typing as npt
@@ -87,6 +87,12 @@ class Tree:
         """Depth of each node (read-only view)."""
     def __len__(self) -> int: ...
     def __eq__(self, other: object, /) -> bool: ...
+    # Equality by value, no hash (as for a list): not a set member or dict key.
+    __hash__: ClassVar[None]  # type: ignore[assignment]
+    def __reduce__(self) -> tuple[type[Tree], tuple[npt.NDArray[np.int32], npt.NDArray[np.int64]]]:
+        """Pickles as `Tree(parents, tokens)`."""
+    def __copy__(self) -> Tree: ...
+    def __deepcopy__(self, memo: Any, /) -> Tree: ...
     def attention_mask(
         self, prefix_len: int = 0, *, out: npt.NDArray[np.bool_] | None = None
     ) -> npt.NDArray[np.bool_]:
@@ -150,6 +156,11 @@ class TreeBatch:
     def __len__(self) -> int: ...
     def __getitem__(self, index: int, /) -> Tree: ...
     def __eq__(self, other: object, /) -> bool: ...
+    __hash__: ClassVar[None]  # type: ignore[assignment]
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        """Pickles as `TreeBatch.from_flat(parents, tokens, offsets)`."""
+    def __copy__(self) -> TreeBatch: ...
+    def __deepcopy__(self, memo: Any, /) -> TreeBatch: ...
     def limit_depth(self, max_depth: npt.ArrayLike) -> TreeBatch:
         """Without the nodes of tree b deeper than `max_depth[b]` (an int for every tree, or an
         int array `[B]`), order kept: a request with r tokens left can use depth <= r - 1."""

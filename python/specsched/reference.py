@@ -109,6 +109,8 @@ def _trees(offsets: Sequence[int]) -> list[tuple[int, int]]:
 
 def _prefix_list(prefix_lens: int | Sequence[int], num_trees: int) -> list[int]:
     """Per-tree prefix lengths from an int (broadcast) or a sequence of ``B`` ints."""
+    if isinstance(prefix_lens, bool):
+        raise TypeError("prefix_lens must be an int or a sequence of ints, not a bool")
     if isinstance(prefix_lens, int):
         out = [prefix_lens] * num_trees
     else:
@@ -164,7 +166,10 @@ def limit_depth(
     parents: Sequence[int], tokens: Sequence[int], max_depth: int
 ) -> tuple[list[int], list[int]]:
     """The tree without the nodes deeper than ``max_depth``: the kept nodes in their order,
-    each parent given by its position among the kept ones."""
+    each parent given by its position among the kept ones (``max_depth >= 0``: the root
+    stays)."""
+    if max_depth < 0:
+        raise ValueError(f"max_depth must be >= 0, got {max_depth}")
     dep = depths(parents)
     kept = [i for i in range(len(parents)) if dep[i] <= max_depth]
     new_index = {old: new for new, old in enumerate(kept)}
@@ -213,6 +218,8 @@ def from_choices(
             f"tokens has {len(tokens)} entries, expected len(choices) + 1 = {len(norm) + 1}"
         )
 
+    if order not in ("breadth_first", "depth_first"):
+        raise ValueError(f"order must be 'breadth_first' or 'depth_first', got {order!r}")
     if order == "depth_first":
         layout = sorted(range(len(norm)), key=lambda j: norm[j])
     else:

@@ -203,14 +203,12 @@ impl PyDynamicTreeBuilder {
     }
 }
 
-/// `order` of `build`: "pool" or "depth_first".
-fn node_order(order: &str) -> PyResult<NodeOrder> {
-    match order {
-        "pool" => Ok(NodeOrder::Pool),
-        "depth_first" => Ok(NodeOrder::DepthFirst),
-        o => Err(PyValueError::new_err(format!(
-            "order: expected 'pool' or 'depth_first', got {o:?}"
-        ))),
+/// `order` of `build`: "pool" or "depth_first" (any other object, a non-string included, is
+/// an error naming `order`).
+fn node_order(order: &Bound<'_, PyAny>) -> PyResult<NodeOrder> {
+    match crate::convert::str_choice(order, "order", &["pool", "depth_first"])? {
+        0 => Ok(NodeOrder::Pool),
+        _ => Ok(NodeOrder::DepthFirst),
     }
 }
 
@@ -375,13 +373,12 @@ impl PyDynamicTreeBuilder {
 
     /// `(TreeBatch, pool_index int64 [B, budget - 1])` from every candidate drafted so far,
     /// each tree's nodes in `order`: "pool" (increasing pool index) or "depth_first".
-    #[pyo3(signature = (order="pool"))]
+    #[pyo3(signature = (order=NodeOrder::Pool), text_signature = "($self, order='pool')")]
     fn build<'py>(
         &self,
         py: Python<'py>,
-        order: &str,
+        #[pyo3(from_py_with = node_order)] order: NodeOrder,
     ) -> PyResult<(PyTreeBatch, Bound<'py, PyArrayDyn<i64>>)> {
-        let order = node_order(order)?;
         let inner = &self.inner;
         let (batch, idx) = py.detach(|| inner.build_in(order)).py()?;
         let shape = [inner.batch(), inner.budget() - 1];
@@ -391,9 +388,12 @@ impl PyDynamicTreeBuilder {
     /// `build` writing the pool indices into `buffers.pool_index` instead of a new array:
     /// returns the TreeBatch alone (right after a draft forward a new numpy array costs more
     /// than the rest of the call's work on a small tree).
-    #[pyo3(signature = (order="pool"))]
-    fn build_in_place(&mut self, py: Python<'_>, order: &str) -> PyResult<PyTreeBatch> {
-        let order = node_order(order)?;
+    #[pyo3(signature = (order=NodeOrder::Pool), text_signature = "($self, order='pool')")]
+    fn build_in_place(
+        &mut self,
+        py: Python<'_>,
+        #[pyo3(from_py_with = node_order)] order: NodeOrder,
+    ) -> PyResult<PyTreeBatch> {
         let batch = self.step_in_place(py, "build_in_place", |inner, p| {
             inner.build_into(order, p.pool_index)
         })?;

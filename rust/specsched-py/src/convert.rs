@@ -435,6 +435,31 @@ pub fn float_arg(obj: &Bound<'_, PyAny>, arg: &str) -> PyResult<f64> {
     })
 }
 
+/// The index in `choices` of string argument `arg`: a ValueError naming the choices for
+/// another string, a TypeError for another type (PyO3's own says only "'None' is not an
+/// instance of 'str'").
+pub fn str_choice(obj: &Bound<'_, PyAny>, arg: &str, choices: &[&str]) -> PyResult<usize> {
+    let expected = choices
+        .iter()
+        .map(|c| format!("{c:?}"))
+        .collect::<Vec<_>>()
+        .join(" or ")
+        .replace('"', "'");
+    let s = obj
+        .cast::<pyo3::types::PyString>()
+        .map_err(|_| {
+            PyTypeError::new_err(format!(
+                "{arg}: expected {expected}, got {}",
+                type_name(obj)
+            ))
+        })?
+        .to_str()?;
+    choices
+        .iter()
+        .position(|&c| c == s)
+        .ok_or_else(|| PyValueError::new_err(format!("{arg}: expected {expected}, got {s:?}")))
+}
+
 /// An unsigned 64-bit argument (a seed, a step count): an int in `[0, 2^64)` named in its
 /// errors.
 pub fn u64_arg(obj: &Bound<'_, PyAny>, arg: &str) -> PyResult<u64> {

@@ -154,21 +154,16 @@ impl PyTree {
     /// A tree from Medusa / EAGLE / vLLM / TensorRT-LLM choice paths (root implicit), nodes
     /// in `order`: "breadth_first" (by length, then path) or "depth_first" (by path).
     #[staticmethod]
-    #[pyo3(signature = (choices, tokens=None, order="breadth_first"))]
+    #[pyo3(
+        signature = (choices, tokens=None, order=ChoiceOrder::BreadthFirst),
+        text_signature = "(choices, tokens=None, order='breadth_first')"
+    )]
     fn from_choices(
         choices: &Bound<'_, PyAny>,
         tokens: Option<&Bound<'_, PyAny>>,
-        order: &str,
+        #[pyo3(from_py_with = choice_order)] order: ChoiceOrder,
     ) -> PyResult<Self> {
-        let layout = match order {
-            "breadth_first" => ChoiceOrder::BreadthFirst,
-            "depth_first" => ChoiceOrder::DepthFirst,
-            o => {
-                return Err(PyValueError::new_err(format!(
-                    "order: expected 'breadth_first' or 'depth_first', got {o:?}"
-                )))
-            }
-        };
+        let layout = order;
         let mut paths: Vec<Vec<i64>> = Vec::new();
         let iter = choices.try_iter().map_err(|_| {
             PyTypeError::new_err(format!(
@@ -239,6 +234,25 @@ impl PyTree {
     #[getter]
     fn depths<'py>(slf: &Bound<'py, Self>) -> Bound<'py, PyArray1<i32>> {
         readonly_view(slf.as_any(), ArrayView1::from(slf.get().inner.depths()))
+    }
+
+    /// Pickles as `Tree(parents, tokens)` (a serving engine ships trees between its
+    /// scheduler and worker processes).
+    fn __reduce__<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyTuple>> {
+        let args = PyTuple::new(
+            slf.py(),
+            [Self::parents(slf).into_any(), Self::tokens(slf).into_any()],
+        )?;
+        PyTuple::new(slf.py(), [slf.get_type().into_any(), args.into_any()])
+    }
+
+    /// Immutable: a copy is the tree itself.
+    fn __copy__(slf: &Bound<'_, Self>) -> Py<Self> {
+        slf.clone().unbind()
+    }
+
+    fn __deepcopy__(slf: &Bound<'_, Self>, _memo: &Bound<'_, PyAny>) -> Py<Self> {
+        slf.clone().unbind()
     }
 
     fn __len__(&self) -> usize {
@@ -469,6 +483,30 @@ impl PyTreeBatch {
     #[getter]
     fn depths<'py>(slf: &Bound<'py, Self>) -> Bound<'py, PyArray1<i32>> {
         readonly_view(slf.as_any(), ArrayView1::from(slf.get().inner.depths()))
+    }
+
+    /// Pickles as `TreeBatch.from_flat(parents, tokens, offsets)`.
+    fn __reduce__<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyTuple>> {
+        let py = slf.py();
+        let args = PyTuple::new(
+            py,
+            [
+                Self::parents(slf).into_any(),
+                Self::tokens(slf).into_any(),
+                slf.get().offsets(py).into_any(),
+            ],
+        )?;
+        let from_flat = slf.get_type().getattr("from_flat")?;
+        PyTuple::new(py, [from_flat, args.into_any()])
+    }
+
+    /// Immutable: a copy is the batch itself.
+    fn __copy__(slf: &Bound<'_, Self>) -> Py<Self> {
+        slf.clone().unbind()
+    }
+
+    fn __deepcopy__(slf: &Bound<'_, Self>, _memo: &Bound<'_, PyAny>) -> Py<Self> {
+        slf.clone().unbind()
     }
 
     fn __len__(&self) -> usize {
@@ -727,5 +765,14 @@ impl PyTreeBatch {
                 .resolve(self.inner.num_trees())
                 .py(),
         }
+    }
+}
+
+/// `order` of `Tree.from_choices`: "breadth_first" or "depth_first" (any other object, a
+/// non-string included, is an error naming `order`).
+fn choice_order(order: &Bound<'_, PyAny>) -> PyResult<ChoiceOrder> {
+    match crate::convert::str_choice(order, "order", &["breadth_first", "depth_first"])? {
+        0 => Ok(ChoiceOrder::BreadthFirst),
+        _ => Ok(ChoiceOrder::DepthFirst),
     }
 }
