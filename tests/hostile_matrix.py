@@ -1585,6 +1585,23 @@ def scalar_cases() -> None:
         lambda: BATCH.positions(torch.tensor(3)),
         lambda: BATCH.positions(3),
     )
+    lg = torch.tensor(LOGITS)
+    bad(
+        "verify",
+        "integer draft_probs tensor",
+        TypeError,
+        "draft_probs",
+        lambda: ss.verify(
+            TREE, lg, temperature=1.0, draft_probs=torch.ones(4, V, dtype=torch.int32)
+        ),
+    )
+    # Per-request parameters in bfloat16 (numpy has no such dtype) are widened, not refused.
+    same(
+        "verify",
+        "bfloat16 temperature tensor",
+        lambda: ss.verify(TREE, lg, temperature=torch.tensor([0.5], dtype=torch.bfloat16), seed=4),
+        lambda: ss.verify(TREE, lg, temperature=0.5, seed=4),
+    )
 
 
 def main() -> None:

@@ -34,8 +34,9 @@ def is_tensor(x: object) -> bool:
     return torch is not None and isinstance(x, torch.Tensor)
 
 
-def cpu_view(t: torch.Tensor) -> tuple[np.ndarray, str | None]:
+def cpu_view(t: torch.Tensor, arg: str = "logits") -> tuple[np.ndarray, str | None]:
     """A numpy view sharing `t`'s memory, and "bfloat16" when the view holds bf16 bit patterns.
+    `arg` names the tensor in errors.
 
     Tensors that require grad are detached (same storage), never copied.
     """
@@ -45,11 +46,11 @@ def cpu_view(t: torch.Tensor) -> tuple[np.ndarray, str | None]:
     if t.dtype == torch.bfloat16:
         return t.view(torch.int16).numpy(), "bfloat16"
     if not t.is_floating_point():
-        raise TypeError(f"logits: expected a floating-point tensor, got {t.dtype}")
+        raise TypeError(f"{arg}: expected a floating-point tensor, got {t.dtype}")
     try:
         return t.numpy(), None
     except TypeError as e:  # float8 and other formats numpy cannot hold
-        raise TypeError(f"logits: unsupported dtype {t.dtype} ({e})") from None
+        raise TypeError(f"{arg}: unsupported dtype {t.dtype} ({e})") from None
 
 
 def host_view(t: torch.Tensor) -> Any:
@@ -328,11 +329,24 @@ def check_has_data(t: torch.Tensor, arg: str, index: int | None = None) -> None:
 
 
 def host_array(x: Any, arg: str) -> Any:
-    """Small index tensors (choices, slots) as host numpy arrays; other inputs unchanged."""
+    """Small tensors (choices, slots, per-request parameters) as host numpy arrays; other
+    inputs unchanged. Floats numpy cannot hold (bfloat16, float8) are widened to float32 (a
+    handful of values); a tensor numpy cannot view at all is a TypeError naming `arg`."""
     if is_tensor(x):
         check_has_data(x, arg)
         t = x.detach()
         if t.device.type != "cpu":
             t = t.cpu()
-        return t.numpy()
+        if t.is_floating_point() and t.element_size() < 4 and t.dtype != _float16():
+            t = t.float()
+        try:
+            return t.resolve_conj().resolve_neg().numpy()
+        except (TypeError, RuntimeError) as e:
+            raise TypeError(f"{arg}: a {t.dtype} tensor numpy cannot hold ({e})") from None
     return x
+
+
+def _float16() -> Any:
+    import torch
+
+    return torch.float16

@@ -261,7 +261,7 @@ def _verify_sampled(
             raise ValueError(
                 f"draft_probs: expected CPU memory for host verification, got {draft_probs.device}"
             )
-        draft_probs, probs_dtype = _torch.cpu_view(draft_probs)
+        draft_probs, probs_dtype = _torch.cpu_view(draft_probs, "draft_probs")
         if probs_dtype is not None:
             raise TypeError("draft_probs: expected float32 or float64, got torch.bfloat16")
     return _core.verify_sampled(
