@@ -1542,6 +1542,32 @@ def scalar_cases() -> None:
         ),
     ]:
         bad(fn, kind, exc, arg, call)
+    # A contiguous, writeable output whose data sits at an odd byte offset.
+    odd = np.zeros(4 * 4 * 4 + 1, np.uint8)[1:].view(np.float32).reshape(4, 4)
+    bad(
+        "Tree.attention_bias",
+        "misaligned out",
+        ValueError,
+        "out: its data is not aligned",
+        lambda: TREE.attention_bias(out=odd),
+    )
+    odd_i32 = np.zeros(13, np.uint8)[1:].view(np.int32)
+    bad(
+        "sglang.verify_tree_greedy",
+        "misaligned predicts",
+        ValueError,
+        "predicts: its data is not aligned",
+        lambda: sglang.verify_tree_greedy(
+            odd_i32,
+            np.full((1, 3), -1, np.int32),
+            np.zeros(1, np.int32),
+            np.array([[10, 11, 12]]),
+            np.array([[0, 1, 2]]),
+            np.array([[1, 2, -1]]),
+            np.array([[-1, -1, -1]]),
+            np.array([11, 12, 13]),
+        ),
+    )
     # Options a greedy call does not use are still checked, not ignored.
     for kind, exc, arg, kw in [
         ("greedy, negative seed", ValueError, "seed", {"seed": -1}),

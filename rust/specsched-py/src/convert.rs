@@ -308,6 +308,15 @@ pub fn data_ptr(a: &Bound<'_, PyUntypedArray>) -> *mut u8 {
     unsafe { (*a.as_array_ptr()).fields.data as *mut u8 }
 }
 
+/// The message for an output whose data is not aligned to its element type.
+pub const MISALIGNED: &str = "{arg}: its data is not aligned to its element size (a view at an \
+     odd byte offset): outputs are written in place, so pass an aligned array";
+
+pub fn is_aligned(a: &Bound<'_, PyUntypedArray>) -> bool {
+    // SAFETY: reading the flags of a live PyArrayObject.
+    unsafe { (*a.as_array_ptr()).fields.flags & NPY_ARRAY_ALIGNED != 0 }
+}
+
 pub fn is_writeable(a: &Bound<'_, PyUntypedArray>) -> bool {
     // SAFETY: reading the flags of a live PyArrayObject.
     unsafe { (*a.as_array_ptr()).fields.flags & NPY_ARRAY_WRITEABLE != 0 }
@@ -344,6 +353,9 @@ pub fn output<'py, T: Element>(
     }
     if !arr.is_c_contiguous() {
         return Err(PyValueError::new_err("out: must be C-contiguous"));
+    }
+    if !is_aligned(arr) {
+        return Err(PyValueError::new_err(MISALIGNED.replace("{arg}", "out")));
     }
     if !is_writeable(arr) {
         return Err(PyValueError::new_err("out: is read-only"));

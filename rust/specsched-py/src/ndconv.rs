@@ -166,6 +166,11 @@ pub fn out_array<'py, T: numpy::Element>(
             "{arg}: must be C-contiguous"
         )));
     }
+    if !crate::convert::is_aligned(a) {
+        return Err(PyValueError::new_err(
+            crate::convert::MISALIGNED.replace("{arg}", arg),
+        ));
+    }
     if !is_writeable(a) {
         return Err(PyValueError::new_err(format!("{arg}: is read-only")));
     }
