@@ -455,7 +455,8 @@ def test_dynamic_builder_in_place_bad_input():
         b.start_in_place()
     buf.prefix_lens[:] = 4
     buf.topk_logprobs[1, 0, 1] = 0.5
-    with pytest.raises(ValueError, match=r"topk_logprobs\[1, 1\] = 0.5"):
+    # Named where it was written: the root's top-k is slot 0 of the [B, K, K] buffer.
+    with pytest.raises(ValueError, match=r"topk_logprobs\[1, 0, 1\] = 0.5"):
         b.start_in_place()
     buf.topk_logprobs[1, 0, 1] = -1.0
     b.start_in_place()

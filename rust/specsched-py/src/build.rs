@@ -355,7 +355,7 @@ impl PyDynamicTreeBuilder {
             active.extend(p.active.iter().map(|&a| a != 0));
             let (tt, lp) = p.root_topk()?;
             let roots = ArrayView1::from(p.root_tokens);
-            inner.start_into(roots, tt, lp, p.prefix_lens, Some(&active), p.out)?;
+            inner.start_into_slot0(roots, tt, lp, p.prefix_lens, Some(&active), p.out)?;
             Ok(inner.settled())
         });
         self.active = active;

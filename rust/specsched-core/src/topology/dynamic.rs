@@ -401,6 +401,53 @@ impl DynamicTreeBuilder {
         active: Option<&[bool]>,
         out: StepOut<'_, M>,
     ) -> Result<()> {
+        let at = |r: usize, c: usize| format!("[{r}, {c}]");
+        self.start_named(
+            root_tokens,
+            topk_tokens,
+            topk_logprobs,
+            prefix_lens,
+            active,
+            out,
+            at,
+        )
+    }
+
+    /// [`Self::start_into`] reading the root's top-k as slot 0 of `[B, K, K]` level buffers
+    /// (`[:, 0, :]`): an error names the entry as `[r, 0, c]`, where the caller wrote it.
+    pub fn start_into_slot0<R: IndexLike, T: IndexLike, S: ScoreLike, M: From<bool> + Copy>(
+        &mut self,
+        root_tokens: ArrayView1<'_, R>,
+        topk_tokens: ArrayView2<'_, T>,
+        topk_logprobs: ArrayView2<'_, S>,
+        prefix_lens: &[i64],
+        active: Option<&[bool]>,
+        out: StepOut<'_, M>,
+    ) -> Result<()> {
+        let at = |r: usize, c: usize| format!("[{r}, 0, {c}]");
+        self.start_named(
+            root_tokens,
+            topk_tokens,
+            topk_logprobs,
+            prefix_lens,
+            active,
+            out,
+            at,
+        )
+    }
+
+    /// [`Self::start_into`], a bad log probability named by `at(request, column)`.
+    #[allow(clippy::too_many_arguments)]
+    fn start_named<R: IndexLike, T: IndexLike, S: ScoreLike, M: From<bool> + Copy>(
+        &mut self,
+        root_tokens: ArrayView1<'_, R>,
+        topk_tokens: ArrayView2<'_, T>,
+        topk_logprobs: ArrayView2<'_, S>,
+        prefix_lens: &[i64],
+        active: Option<&[bool]>,
+        out: StepOut<'_, M>,
+        at: impl Fn(usize, usize) -> String,
+    ) -> Result<()> {
         let (b, k) = (self.batch, self.topk);
         if root_tokens.len() != b {
             return Err(Error::value(
@@ -451,7 +498,7 @@ impl DynamicTreeBuilder {
         for r in 0..b {
             for c in 0..k {
                 let lp = topk_logprobs[(r, c)].to_f64();
-                Self::check_logprob(lp, "topk_logprobs", || format!("[{r}, {c}]"))?;
+                Self::check_logprob(lp, "topk_logprobs", || at(r, c))?;
             }
         }
         self.check_out(&out, 1)?;
