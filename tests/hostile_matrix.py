@@ -1611,6 +1611,26 @@ def scalar_cases() -> None:
         lambda: BATCH.positions(torch.tensor(3)),
         lambda: BATCH.positions(3),
     )
+    # A draft head's top-k as it comes: half precision, or still attached to the graph.
+    lp32 = torch.tensor([[-0.5, -1.0], [-0.25, -2.0]])
+    for kind, lp in [
+        ("float16 topk_logprobs tensor", lp32.half()),
+        ("bfloat16 topk_logprobs tensor", lp32.bfloat16()),
+        ("topk_logprobs that require grad", lp32.clone().requires_grad_()),
+        ("float16 topk_logprobs array", lp32.half().numpy()),
+    ]:
+        same(
+            "DynamicTreeBuilder.start",
+            kind,
+            lambda lp=lp: ss.DynamicTreeBuilder(2, 2, 2, 3).start([1, 2], tokens, lp),
+            lambda: ss.DynamicTreeBuilder(2, 2, 2, 3).start([1, 2], tokens, lp32.numpy()),
+        )
+    same(
+        "top_n_tree",
+        "scores that require grad",
+        lambda: ss.top_n_tree([-1, 0, 1], torch.tensor([0.0, -1.0, -2.0], requires_grad=True), 3),
+        lambda: ss.top_n_tree([-1, 0, 1], np.array([0.0, -1.0, -2.0]), 3),
+    )
     lg = torch.tensor(LOGITS)
     bad(
         "verify",

@@ -55,6 +55,8 @@ pub fn as_ndarray<'py>(obj: &Bound<'py, PyAny>, arg: &str) -> PyResult<Bound<'py
         let empty = np.call_method1("asarray", (obj, "int64"))?;
         return Ok(empty.cast_into::<PyUntypedArray>()?);
     }
+    let tensor = torch_for_numpy(obj)?;
+    let obj = tensor.as_ref().unwrap_or(obj);
     let converted = np.call_method1("asarray", (obj,)).map_err(|e| {
         PyTypeError::new_err(format!(
             "{arg}: expected an array, got {}: {e}",
@@ -64,6 +66,25 @@ pub fn as_ndarray<'py>(obj: &Bound<'py, PyAny>, arg: &str) -> PyResult<Bound<'py
     converted.cast_into::<PyUntypedArray>().map_err(|_| {
         PyTypeError::new_err(format!("{arg}: expected an array, got {}", type_name(obj)))
     })
+}
+
+/// A torch tensor numpy can read: detached when it requires grad (same storage), widened to
+/// float32 when bfloat16 (numpy has no such type; the arrays read this way, scores and
+/// lengths, are small). None for anything else, which numpy converts as it is.
+fn torch_for_numpy<'py>(obj: &Bound<'py, PyAny>) -> PyResult<Option<Bound<'py, PyAny>>> {
+    let py = obj.py();
+    let Ok(requires_grad) = obj.getattr(pyo3::intern!(py, "requires_grad")) else {
+        return Ok(None);
+    };
+    let mut t = obj.clone();
+    if requires_grad.is_truthy()? {
+        t = t.call_method0(pyo3::intern!(py, "detach"))?;
+    }
+    let dtype = t.getattr(pyo3::intern!(py, "dtype"))?.str()?;
+    if dtype.to_str()? == "torch.bfloat16" {
+        t = t.call_method0(pyo3::intern!(py, "float"))?;
+    }
+    Ok(Some(t))
 }
 
 /// Aligned, with every stride a whole number of elements: what a typed view can address.

@@ -102,7 +102,8 @@ macro_rules! with_float_view {
 }
 pub(crate) use with_float_view;
 
-/// Extracts an `ndim`-D float32 / float64 array.
+/// Extracts an `ndim`-D float32 / float64 array; float16 (a half-precision draft head's
+/// scores) is widened to float32, a copy of what is a small array here (top-k scores).
 pub fn float_array<'py>(
     obj: &Bound<'py, PyAny>,
     arg: &str,
@@ -113,8 +114,13 @@ pub fn float_array<'py>(
     match (dt.kind(), dt.itemsize()) {
         (b'f', 4) => Ok(FloatArray::F32(typed::<f32>(&a, arg)?)),
         (b'f', 8) => Ok(FloatArray::F64(typed::<f64>(&a, arg)?)),
+        (b'f', 2) => {
+            let np = numpy::get_array_module(obj.py())?;
+            let wide = np.call_method1("asarray", (&a, "float32"))?;
+            Ok(FloatArray::F32(typed::<f32>(wide.cast::<PyUntypedArray>()?, arg)?))
+        }
         _ => Err(PyTypeError::new_err(format!(
-            "{arg}: expected a float32 or float64 array, got {dt}"
+            "{arg}: expected a float16, float32 or float64 array, got {dt}"
         ))),
     }
 }
