@@ -1,10 +1,12 @@
 """Memory: repeated calls of every hot function leave the resident set flat, and returned
 arrays own (or keep alive) their memory after the inputs and parent objects are gone.
 
-Call counts: 10^5 for the cheap calls (layouts, walks over target tokens, plans, slots, tree
-construction; a few µs each), 2·10^4 for the calls that read logits or sample. Outputs are
-sized (32-node trees: a 1 KiB mask per call) so that a leak of one output per call would
-grow the resident set by far more than the margin. The measurements run in a fresh process:
+Call counts: 10^5 for every call (layouts, walks over target tokens, plans, slots, tree
+construction, and the calls that read logits or sample). Outputs are sized (32-node trees: a
+1 KiB mask per call) so that a leak of one output per call would grow the resident set by
+far more than the margin; the smallest output, a single tree's VerifyResult (~90 B), leaked
+once per call, passes it too (a second control: at 2·10^4 calls and a 24 MiB margin it
+stayed under). The measurements run in a fresh process:
 in a long pytest session, memory earlier tests freed stays resident and would hide a leak.
 """
 
@@ -24,7 +26,9 @@ import specsched as ss
 from specsched import sglang
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
-MARGIN = 24 << 20  # bytes of growth tolerated (allocator arenas, interned objects)
+# Bytes of growth tolerated (allocator arenas, interned objects): every call here measures 0
+# after its warm-up; a VerifyResult leaked per call (~90 B: the smallest output) grows ~9 MiB.
+MARGIN = 4 << 20
 
 
 def rss() -> int:
@@ -115,17 +119,22 @@ def _flat_rss(call: Callable[[], Any], calls: int) -> int:
     return rss() - before
 
 
-def _leaky() -> Callable[[], Any]:
+def _leaky(make: Callable[[], Any]) -> Callable[[], Any]:
     kept: list[Any] = []
-    return lambda: kept.append(TREE.attention_mask(4))
+    return lambda: kept.append(make())
 
 
 def measure() -> dict[str, int]:
     """RSS growth per function (bytes). Runs in a fresh process (see `growth`), so memory that
     earlier tests freed but the allocator kept resident cannot absorb a leak."""
     out = {name: _flat_rss(call, 100_000) for name, call in CHEAP.items()}
-    out |= {name: _flat_rss(call, 20_000) for name, call in COSTLY.items()}
-    out["control: a leak of one output per call"] = _flat_rss(_leaky(), 100_000)
+    out |= {name: _flat_rss(call, 100_000) for name, call in COSTLY.items()}
+    out["control: a leak of one output per call"] = _flat_rss(
+        _leaky(lambda: TREE.attention_mask(4)), 100_000
+    )
+    out["control: a leak of one result per call"] = _flat_rss(
+        _leaky(lambda: ss.verify(TREE, LOGITS)), 100_000
+    )
     return out
 
 
@@ -146,12 +155,14 @@ def test_rss_flat_cheap(growth: dict[str, int], name: str) -> None:
 @pytest.mark.parametrize("name", sorted(COSTLY))
 def test_rss_flat_costly(growth: dict[str, int], name: str) -> None:
     grown = growth[name]
-    assert grown < MARGIN, f"{name}: RSS grew {grown / 2**20:.1f} MiB over 2*10^4 calls"
+    assert grown < MARGIN, f"{name}: RSS grew {grown / 2**20:.1f} MiB over 10^5 calls"
 
 
 def test_rss_detects_a_leak(growth: dict[str, int]) -> None:
-    """The measurement has teeth: keeping every output of 10^5 mask calls is seen."""
+    """The measurement has teeth: keeping every output of 10^5 mask calls is seen, and so is
+    keeping every result of 10^5 verify calls (the smallest output there is)."""
     assert growth["control: a leak of one output per call"] > MARGIN
+    assert growth["control: a leak of one result per call"] > MARGIN
 
 
 def _churn() -> None:

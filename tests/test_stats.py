@@ -43,6 +43,18 @@ def test_counts_match_reference(items):
     np.testing.assert_allclose(stats.accept_probs(), want)
     lo, hi = stats.confidence_interval()
     assert np.all(lo <= want + 1e-12) and np.all(want <= hi + 1e-12)
+    for z in (1.0, 1.96, 3.0):
+        # Wilson's closed form, rank by rank ((0, 1) where a rank had no trial).
+        lo, hi = stats.confidence_interval(z=z)
+        for r, (h, n) in enumerate(zip(total_h, total_t, strict=True)):
+            if n == 0:
+                assert (lo[r], hi[r]) == (0.0, 1.0)
+                continue
+            p, z2 = h / n, z * z
+            centre = (p + z2 / (2 * n)) / (1 + z2 / n)
+            half = z * np.sqrt(p * (1 - p) / n + z2 / (4 * n * n)) / (1 + z2 / n)
+            assert lo[r] == pytest.approx(max(0.0, centre - half), abs=1e-12)
+            assert hi[r] == pytest.approx(min(1.0, centre + half), abs=1e-12)
     assert stats.mean_accepted == pytest.approx(np.mean([len(path) - 1 for _, path in observed]))
 
 
