@@ -397,24 +397,75 @@ impl PyNgramDrafter {
                 "contexts: empty: a TreeBatch holds at least one tree",
             ));
         }
-        let ctxs = items
+        // Borrowed here; read, checked and converted with the GIL released (16 contexts of
+        // 200,000 tokens spent half the call converting under the GIL).
+        let arrays = items
             .iter()
             .enumerate()
-            .map(|(i, c)| context(c, &format!("contexts[{i}]")))
-            .collect::<PyResult<Vec<_>>>()?;
-        let inner = py
-            .detach(|| {
-                let refs: Vec<&[i64]> = ctxs.iter().map(Vec::as_slice).collect();
-                let drafts = self.cfg.propose_batch(&refs);
-                let trees = refs
-                    .iter()
-                    .zip(drafts)
-                    .map(|(c, d)| chain_of(c, d))
-                    .collect::<specsched_core::Result<Vec<_>>>()?;
-                TreeBatch::from_trees(&trees.iter().collect::<Vec<_>>())
+            .map(|(i, c)| {
+                let arg = format!("contexts[{i}]");
+                let a = int_array1(c, &arg, true)?;
+                if with_int_view!(a, v => v.is_empty()) {
+                    return Err(PyValueError::new_err(format!(
+                        "{arg}: empty context: the root of a draft is the last context token"
+                    )));
+                }
+                Ok(a)
             })
-            .py()?;
+            .collect::<PyResult<Vec<_>>>()?;
+        let views: Vec<TokenView<'_>> = arrays.iter().map(TokenView::of).collect();
+        let inner = py.detach(|| -> PyResult<TreeBatch> {
+            let ctxs = views
+                .iter()
+                .enumerate()
+                .map(|(i, v)| v.checked(&format!("contexts[{i}]")))
+                .collect::<PyResult<Vec<_>>>()?;
+            let refs: Vec<&[i64]> = ctxs.iter().map(|c| &c[..]).collect();
+            let drafts = self.cfg.propose_batch(&refs);
+            let trees = refs
+                .iter()
+                .zip(drafts)
+                .map(|(c, d)| chain_of(c, d))
+                .collect::<specsched_core::Result<Vec<_>>>()
+                .py()?;
+            TreeBatch::from_trees(&trees.iter().collect::<Vec<_>>()).py()
+        })?;
         Ok(PyTreeBatch { inner })
+    }
+}
+
+/// A borrowed token array, readable without the GIL (the borrow is held by its
+/// `IntArray1`, outside the released section).
+enum TokenView<'a> {
+    I32(ndarray::ArrayView1<'a, i32>),
+    I64(ndarray::ArrayView1<'a, i64>),
+    U32(ndarray::ArrayView1<'a, u32>),
+}
+
+impl<'a> TokenView<'a> {
+    fn of(a: &'a IntArray1<'_>) -> Self {
+        match a {
+            IntArray1::I32(x) => TokenView::I32(x.as_array()),
+            IntArray1::I64(x) => TokenView::I64(x.as_array()),
+            IntArray1::U32(x) => TokenView::U32(x.as_array()),
+        }
+    }
+
+    /// The tokens as `i64`, checked as token ids: a contiguous int64 array in place.
+    fn checked(&self, arg: &str) -> PyResult<std::borrow::Cow<'a, [i64]>> {
+        use std::borrow::Cow;
+        let tokens: Cow<'a, [i64]> = match self {
+            TokenView::I64(v) => match v.to_slice() {
+                Some(s) => Cow::Borrowed(s),
+                None => Cow::Owned(v.to_vec()),
+            },
+            TokenView::I32(v) => Cow::Owned(v.iter().map(|&x| i64::from(x)).collect()),
+            TokenView::U32(v) => Cow::Owned(v.iter().map(|&x| i64::from(x)).collect()),
+        };
+        match specsched_core::draft::bad_token(arg, &tokens) {
+            Some(msg) => Err(PyValueError::new_err(msg)),
+            None => Ok(tokens),
+        }
     }
 }
 

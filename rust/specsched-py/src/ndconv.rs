@@ -117,7 +117,10 @@ pub fn float_array<'py>(
         (b'f', 2) => {
             let np = numpy::get_array_module(obj.py())?;
             let wide = np.call_method1("asarray", (&a, "float32"))?;
-            Ok(FloatArray::F32(typed::<f32>(wide.cast::<PyUntypedArray>()?, arg)?))
+            Ok(FloatArray::F32(typed::<f32>(
+                wide.cast::<PyUntypedArray>()?,
+                arg,
+            )?))
         }
         _ => Err(PyTypeError::new_err(format!(
             "{arg}: expected a float16, float32 or float64 array, got {dt}"
