@@ -205,11 +205,21 @@ def test_tree_matches_reference(rule, tree, seed, temp):
     "rule", RULES, ids=lambda r: r["rule"] + str(r.get("without_replacement", ""))
 )
 @SETTINGS
-@given(batch=batches(max_trees=6, max_nodes=16), seed=st.integers(0, 10**6))
-def test_batch_with_per_request_parameters_matches_reference(rule, batch, seed):
+@given(
+    batch=batches(max_trees=6, max_nodes=16),
+    seed=st.integers(0, 10**6),
+    per_request_seeds=st.booleans(),
+)
+def test_batch_with_per_request_parameters_matches_reference(rule, batch, seed, per_request_seeds):
     parents, tokens, offsets = batch
     rng = np.random.default_rng(seed)
     nb = len(offsets) - 1
+    # One seed for the batch, or one per request (up to 2**64 - 1, repeats allowed).
+    seeds = (
+        [[0, 7, 2**63, 2**64 - 1, seed][i] for i in rng.integers(0, 5, size=nb)]
+        if per_request_seeds
+        else seed
+    )
     vocab = 32 if rule.get("without_replacement") else VOCAB
     q = draft_rows(rng, len(parents), vocab)
     if rule["rule"] == "rejection":
@@ -228,7 +238,7 @@ def test_batch_with_per_request_parameters_matches_reference(rule, batch, seed):
     ps = rng.choice([1.0, 0.8, 0.5], size=nb)
     b_ = ss.TreeBatch.from_flat(np.asarray(parents), np.asarray(tokens), np.asarray(offsets))
     r = ss.verify(
-        b_, logits, temperature=temps, top_k=ks, top_p=ps, seed=seed, **api_kwargs(rule, q)
+        b_, logits, temperature=temps, top_k=ks, top_p=ps, seed=seeds, **api_kwargs(rule, q)
     )
     num, acc, tok = ref.batch_verify_sampled(
         parents,
@@ -238,7 +248,7 @@ def test_batch_with_per_request_parameters_matches_reference(rule, batch, seed):
         temps.tolist(),
         ks.tolist(),
         ps.tolist(),
-        seed,
+        seeds,
         draft_rows=q.tolist(),
         **rule,
     )
@@ -248,6 +258,43 @@ def test_batch_with_per_request_parameters_matches_reference(rule, batch, seed):
     greedy = ss.verify(b_, logits)
     for b in np.flatnonzero(temps == 0):
         assert r.tokens[b].tolist() == greedy.tokens[b].tolist()
+
+
+@pytest.mark.parametrize("reduce", ["host", "device"])
+def test_per_request_seeds_make_draws_independent_of_the_batch(reduce):
+    """A request's draws under its own seed do not depend on its slot or on the requests
+    beside it (continuous batching reorders and drops requests every step), and equal what
+    it draws alone; with one seed for the batch they are keyed by the slot."""
+    if reduce == "device":
+        torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(3)
+    a = ss.Tree([-1, 0, 0, 1], [9, 1, 2, 3])
+    other = ss.Tree([-1, 0], [4, 5])
+    la = rng.normal(size=(4, 50))
+    lo = rng.normal(size=(2, 50))
+
+    def run(tree, logits, seed):
+        x = torch.tensor(logits) if reduce == "device" else logits
+        return ss.verify(tree, x, temperature=1.0, top_p=0.9, seed=seed, reduce=reduce)
+
+    moved = 0
+    for seed in range(60):
+        alone = run(a, la, seed).tokens.tolist()
+        first = ss.TreeBatch([a, other])
+        second = ss.TreeBatch([other, a, other])
+        got = run(first, np.concatenate([la, lo]), [seed, 11])[0].tokens.tolist()
+        assert got == alone
+        got = run(second, np.concatenate([lo, la, lo]), np.array([5, seed, 5], np.uint64))
+        assert got[1].tokens.tolist() == alone
+        slot = run(second, np.concatenate([lo, la, lo]), seed)[1].tokens.tolist()
+        moved += slot != alone
+    assert moved > 20  # the batch seed keys by slot: slot 1 draws otherwise than alone
+    with pytest.raises(ValueError, match="seed: has 1 per-request seeds, expected one per"):
+        run(ss.TreeBatch([a, other]), np.concatenate([la, lo]), [3])
+    with pytest.raises(ValueError, match=r"seed\[1\]: expected an int in \[0, 2\*\*64\)"):
+        run(ss.TreeBatch([a, other]), np.concatenate([la, lo]), [3, -1])
+    with pytest.raises(TypeError, match="seed"):
+        run(ss.TreeBatch([a, other]), np.concatenate([la, lo]), [3.0, 1.5])
 
 
 def test_duplicate_sibling_tokens_with_replacement():

@@ -273,7 +273,7 @@ def verify_sampled(
     temperature: npt.NDArray[np.float64],
     top_k: npt.NDArray[np.int64],
     top_p: npt.NDArray[np.float64],
-    seed: int,
+    seed: int | npt.NDArray[np.uint64],
     *,
     logits_dtype: str | None = None,
     rule: str = "match",

@@ -148,11 +148,17 @@ def _mix64(z: torch.Tensor) -> torch.Tensor:
     return z ^ _srl(z, 31)
 
 
-def uniform(seed: int, request: torch.Tensor, node: torch.Tensor, draw: int) -> torch.Tensor:
-    """`reference.rng_uniform` for int64 tensors of request and node indices (float64)."""
+def uniform(
+    seed: int | torch.Tensor, request: torch.Tensor, node: torch.Tensor, draw: int
+) -> torch.Tensor:
+    """`reference.rng_uniform` for int64 tensors of request and node indices (float64);
+    `seed`: one int, or an int64 tensor of seed bit patterns, one per entry."""
     import torch
 
-    h = _mix64(torch.full_like(request, _signed64(seed + _GOLDEN)))
+    if isinstance(seed, torch.Tensor):
+        h = _mix64(seed + _signed64(_GOLDEN))  # int64 sums wrap mod 2^64, as u64 sums do
+    else:
+        h = _mix64(torch.full_like(request, _signed64(seed + _GOLDEN)))
     for c in (request, node, torch.full_like(request, draw)):
         h = _mix64(h ^ (c + _signed64(_GOLDEN)))
     return (_srl(h, 11).to(torch.float64) + 0.5) / float(1 << 53)
@@ -175,13 +181,14 @@ def device_sample(
     temperature: np.ndarray,
     top_k: np.ndarray,
     top_p: np.ndarray,
-    seed: int,
+    seed: int | np.ndarray,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """One target token per node on the logits' device: `(choice int64 [T], nan bool [T],
     no_finite bool [T])`.
 
     The same processing (temperature → top-k → top-p, ties as in docs/api.md) and the same
-    counter-based uniform per (seed, request, node) as the host path, drawn by inverse CDF;
+    counter-based uniform per (seed, request, node) as the host path (per-request seeds, a
+    uint64 array of B: `(seed[b], 0, node)`), drawn by inverse CDF;
     greedy requests (temperature 0) take the argmax. Rows with a NaN, and sampled rows with no
     finite logit (a greedy one still has its argmax, as on the host), are flagged (an error
     if the walk reaches them). Every row is processed (the device cannot know the walk); only
@@ -259,12 +266,22 @@ def device_sample(
             keep = torch.empty_like(keep_sorted).scatter_(-1, order, keep_sorted)
             w = torch.where(use_p[:, None] & ~keep, 0.0, w).to(cdt)
             total = w.sum(dim=-1)
-        u = uniform(
-            seed,
-            torch.as_tensor(request, device=device),
-            torch.as_tensor(local, device=device),
-            0,
-        )
+        if isinstance(seed, np.ndarray):
+            if len(seed) != num_requests:
+                raise ValueError(
+                    f"seed: has {len(seed)} per-request seeds, expected one per request "
+                    f"({num_requests})"
+                )
+            # Each request's own seed, as int64 bit patterns; the request key is 0.
+            keys = torch.as_tensor(seed.view(np.int64)[request], device=device)
+            u = uniform(keys, torch.zeros_like(keys), torch.as_tensor(local, device=device), 0)
+        else:
+            u = uniform(
+                seed,
+                torch.as_tensor(request, device=device),
+                torch.as_tensor(local, device=device),
+                0,
+            )
         target = (u * total.to(torch.float64)).to(cdt)
         cum = torch.cumsum(w, dim=-1)
         idx = torch.searchsorted(cum, target[:, None], right=True).squeeze(-1)

@@ -36,7 +36,7 @@ def verify(
     temperature: Any = None,
     top_k: Any = None,
     top_p: Any = None,
-    seed: int | None = None,
+    seed: Any = None,
     draft_probs: Any = None,
     draft_sampling: DraftSampling = "with_replacement",
     rule: Literal["typical"] | None = None,
@@ -55,8 +55,12 @@ def verify(
     request of a batch; 0 = greedy for that request), `top_k` (int or per request; 0/None = off)
     and `top_p` (float or per request in (0, 1]; None = 1 = off) process the target row in that
     order, as HF transformers and vLLM do (see docs/api.md for the exact tie rules). `seed`
-    (an int in [0, 2**64); None draws one) keys the counter-based draws: the same seed gives
-    the same tokens, whatever the thread count, batch composition or call order.
+    keys the counter-based draws, so the same seed gives the same tokens whatever the thread
+    count or call order: an int in [0, 2**64) for the batch (None draws one; request b's draws
+    are keyed by its slot b), or one int per request (a sequence, a numpy array or a tensor
+    of B: vLLM's and SGLang's per-request seeds), whose draws then depend on the request's
+    own seed alone, not on its slot or the other requests; under seed s a request draws what
+    a single tree verified with `seed=s` draws.
 
     Rules: deterministic drafts (the default): sample the target at each node and accept the
     child holding that token (lossless). `draft_probs` (`[N, V]` / `[T, V]`, float32/64, row v =
@@ -190,7 +194,7 @@ def _param(value: Any, name: str, default: float | int, integer: bool) -> np.nda
 
 def _check_options(
     seed: Any, draft_sampling: Any, posterior_threshold: Any, posterior_alpha: Any
-) -> int:
+) -> int | np.ndarray:
     """The options every call validates, sampled or not (a `seed` passed without a
     temperature is still checked, not ignored): returns the seed to use."""
     if draft_sampling not in ("with_replacement", "without_replacement"):
@@ -209,14 +213,37 @@ def _check_options(
     return _seed(seed)
 
 
-def _seed(seed: Any) -> int:
+def _seed(seed: Any) -> int | np.ndarray:
+    """An int in [0, 2**64) for the batch (None draws one), or one per request: a uint64
+    array from any integer array-like (a list, numpy, a torch tensor) of such values."""
     if seed is None:
         return secrets.randbits(64)
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
+    if isinstance(seed, bool):
+        raise TypeError("seed: expected an int, got bool")
+    if isinstance(seed, (int, np.integer)):
+        if not 0 <= int(seed) < _U64:
+            raise ValueError(f"seed: expected an int in [0, 2**64), got {seed}")
+        return int(seed)
+    if isinstance(seed, (str, bytes, float, np.floating)):
         raise TypeError(f"seed: expected an int, got {type(seed).__name__}")
-    if not 0 <= int(seed) < _U64:
-        raise ValueError(f"seed: expected an int in [0, 2**64), got {seed}")
-    return int(seed)
+    # A list is read item by item: numpy would turn [2**63, 7] into float64, losing bits.
+    items = seed if isinstance(seed, (list, tuple)) else None
+    if items is None:
+        array = np.asarray(_torch.host_array(seed, "seed"))
+        if array.ndim != 1:
+            raise ValueError(f"seed: per-request seeds must be a 1-D sequence, got {array.ndim}-D")
+        if array.dtype.kind not in "iu":
+            raise TypeError(f"seed: expected integers (one per request), got {array.dtype}")
+        items = array.tolist()
+    values = []
+    for b, x in enumerate(items):
+        if isinstance(x, (bool, np.bool_)) or not isinstance(x, (int, np.integer)):
+            raise TypeError(f"seed[{b}]: expected an int, got {type(x).__name__}")
+        values.append(int(x))
+    for b, x in enumerate(values):
+        if not 0 <= x < _U64:
+            raise ValueError(f"seed[{b}]: expected an int in [0, 2**64), got {x}")
+    return np.array(values, dtype=np.uint64)
 
 
 def _verify_sampled(

@@ -1135,11 +1135,13 @@ def batch_verify_sampled(
     temperature: Sequence[float],
     top_k: Sequence[int],
     top_p: Sequence[float],
-    seed: int = 0,
+    seed: int | Sequence[int] = 0,
     **rule: Any,
 ) -> tuple[list[int], list[list[int]], list[list[int]]]:
     """:func:`verify_sampled` per tree of a flat batch, tree b as request b with its own
-    ``temperature[b]``, ``top_k[b]``, ``top_p[b]``; outputs as :func:`batch_verify_walk`."""
+    ``temperature[b]``, ``top_k[b]``, ``top_p[b]``; outputs as :func:`batch_verify_walk`.
+    ``seed``: one int for the batch (tree b draws as request b), or one per request (tree b
+    draws as request 0 under ``seed[b]``: its draws depend on its own seed alone)."""
     trees = _trees(offsets)
     width = max(_max_depth(parents[start:end]) for start, end in trees) + 1
     draft_rows = rule.pop("draft_rows", None)
@@ -1154,8 +1156,8 @@ def batch_verify_sampled(
             temperature[b],
             top_k[b],
             top_p[b],
-            seed,
-            request=b,
+            seed if isinstance(seed, int) else seed[b],
+            request=b if isinstance(seed, int) else 0,
             draft_rows=None if draft_rows is None else draft_rows[start:end],
             **rule,
         )

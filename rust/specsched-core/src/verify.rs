@@ -12,7 +12,8 @@
 //! match (the walk above with a sampled choice), multi-round rejection for drafts sampled from
 //! `q` (a decision per node, [`walk_steps`]; residuals computed only at rejections), and
 //! Medusa's lossy typical acceptance (a depth-first search for the deepest accepted path).
-//! Draws are keyed by (seed, request, node, draw), so results do not depend on scheduling.
+//! Draws are keyed by (seed, request, node, draw), so results do not depend on scheduling;
+//! with per-request seeds ([`Seeds::PerRequest`]) not on the batch's composition either.
 
 use rayon::prelude::*;
 
@@ -349,13 +350,42 @@ pub enum Rule<'a> {
 /// `j >= 1` the acceptance coin of its j-th child.
 const DRAW_SAMPLE: u64 = 0;
 
-/// A sampled verification: the target logits, per-request processing, the seed and the rule.
-/// Request `b`'s node `v` draws from `rng::uniform(seed, b, v, draw)`; a single tree is
-/// request 0. Greedy requests (temperature 0) take the argmax walk under every rule.
+/// Seeds of the counter-based draws.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Seeds {
+    /// One seed for the batch: request `b`'s node `v` draws from `(seed, b, v, draw)`, so a
+    /// request's draws depend on its slot in the batch.
+    Batch(u64),
+    /// One seed per request (vLLM's and SGLang's per-request seeds): request `b` draws from
+    /// `(seeds[b], 0, v, draw)`, whatever its slot or the other requests; under seed `s` a
+    /// request draws what a lone tree verified with the batch seed `s` draws.
+    PerRequest(Vec<u64>),
+}
+
+impl From<u64> for Seeds {
+    fn from(seed: u64) -> Self {
+        Seeds::Batch(seed)
+    }
+}
+
+impl Seeds {
+    /// `(seed, request)` keys of request `b`'s draws.
+    #[inline]
+    fn key(&self, b: usize) -> (u64, u64) {
+        match self {
+            Seeds::Batch(seed) => (*seed, b as u64),
+            Seeds::PerRequest(seeds) => (seeds[b], 0),
+        }
+    }
+}
+
+/// A sampled verification: the target logits, per-request processing, the seeds and the
+/// rule. Request `b`'s node `v` draws from `rng::uniform` keyed by [`Seeds`]; a single tree
+/// is request 0. Greedy requests (temperature 0) take the argmax walk under every rule.
 pub struct Sampled<'a> {
     logits: LogitsView<'a>,
     params: Vec<SamplingParams>,
-    seed: u64,
+    seeds: Seeds,
     rule: Rule<'a>,
 }
 
@@ -367,12 +397,25 @@ impl<'a> Sampled<'a> {
     pub fn new<'t>(
         logits: LogitsView<'a>,
         params: Vec<SamplingParams>,
-        seed: u64,
+        seeds: impl Into<Seeds>,
         rule: Rule<'a>,
         trees: impl ExactSizeIterator<Item = (usize, TreeRef<'t>)>,
         num_nodes: usize,
     ) -> Result<Self> {
         logits.check(num_nodes)?;
+        let seeds = seeds.into();
+        if let Seeds::PerRequest(v) = &seeds {
+            if v.len() != trees.len() {
+                return Err(Error::value(
+                    "seed",
+                    format!(
+                        "has {} per-request seeds, expected one per request ({})",
+                        v.len(),
+                        trees.len()
+                    ),
+                ));
+            }
+        }
         if params.len() != trees.len() {
             return Err(Error::value(
                 "temperature",
@@ -425,7 +468,7 @@ impl<'a> Sampled<'a> {
         Ok(Sampled {
             logits,
             params,
-            seed,
+            seeds,
             rule,
         })
     }
@@ -448,7 +491,8 @@ impl<'a> Sampled<'a> {
         if params.is_greedy() {
             return walk(tree, |v| self.logits.argmax(base + v), accepted, emitted);
         }
-        let u = |v: usize, draw: u64| rng::uniform(self.seed, b as u64, v as u64, draw);
+        let (seed, request) = self.seeds.key(b);
+        let u = |v: usize, draw: u64| rng::uniform(seed, request, v as u64, draw);
         match &self.rule {
             Rule::Match => walk(
                 tree,

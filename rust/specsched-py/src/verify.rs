@@ -12,7 +12,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyTuple;
 
 use specsched_core::select::{LogitsView, ProbsView, SamplingParams};
-use specsched_core::verify::{self, BatchVerified, Rule, Sampled, Verified};
+use specsched_core::verify::{self, BatchVerified, Rule, Sampled, Seeds, Verified};
 use specsched_core::IndexLike;
 use specsched_core::{Tree, TreeBatch};
 
@@ -392,8 +392,24 @@ fn float_vec(obj: &Bound<'_, PyAny>, arg: &str) -> PyResult<Vec<f64>> {
     Ok(typed.try_readonly()?.as_array().to_vec())
 }
 
+/// `seed` of `verify_sampled`: an int in `[0, 2**64)` for the batch, or a uint64 array of
+/// one seed per request.
+fn seeds_arg(seed: &Bound<'_, PyAny>) -> PyResult<Seeds> {
+    if let Ok(a) = seed.cast::<numpy::PyArray1<u64>>() {
+        return Ok(Seeds::PerRequest(a.try_readonly()?.as_array().to_vec()));
+    }
+    let one: u64 = seed.extract().map_err(|_| {
+        PyTypeError::new_err(format!(
+            "seed: expected an integer in [0, 2**64) or a uint64 array of one per request, got {}",
+            seed.repr().map(|r| r.to_string()).unwrap_or_default()
+        ))
+    })?;
+    Ok(Seeds::Batch(one))
+}
+
 /// Sampled verification from CPU logits: per-request `temperature` / `top_k` / `top_p`
-/// (float64 / int64 / float64 arrays of length 1 or B), a 64-bit `seed`, and the rule:
+/// (float64 / int64 / float64 arrays of length 1 or B), a 64-bit `seed` (or a uint64 array
+/// of one per request), and the rule:
 /// "match" (default), "rejection" (needs `draft_probs`) or "typical".
 #[pyfunction]
 #[pyo3(signature = (
@@ -418,12 +434,7 @@ pub fn verify_sampled(
 ) -> PyResult<Py<PyAny>> {
     let tree = AnyTree::extract(tree)?;
     let logits = extract_logits(logits, logits_dtype)?;
-    let seed: u64 = seed.extract().map_err(|_| {
-        PyTypeError::new_err(format!(
-            "seed: expected an integer in [0, 2**64), got {}",
-            seed.repr().map(|r| r.to_string()).unwrap_or_default()
-        ))
-    })?;
+    let seed = seeds_arg(seed)?;
     let temps = float_vec(temperature, "temperature")?;
     let ks = int_array1(top_k, "top_k", false)?;
     let ks: Vec<i64> = with_int_view!(ks, v => v.iter().map(|&x| x.to_i64()).collect());
