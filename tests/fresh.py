@@ -20,3 +20,13 @@ def fresh_lines(script: str, count: int) -> list[list[str]]:
     lines = proc.stdout.split("\n")[:count]
     assert len(lines) == count and all(lines), proc.stdout
     return [line.split() for line in lines]
+
+
+def assert_read_in_place(script: str, cases: int, fraction: int) -> None:
+    """Runs a verify script printing `case missing grew nbytes` per case (`missing`: rows the
+    walk did not accept; `grew`: the peak resident size's growth during the call): every row
+    was read, and the peak grew by under `nbytes / fraction`, where a copy would add
+    `nbytes`."""
+    for case, missing, grew, nbytes in fresh_lines(script, cases):
+        assert int(missing) == 0, case
+        assert int(grew) < int(nbytes) / fraction, f"{case}: peak RSS grew by {grew} for {nbytes} B"

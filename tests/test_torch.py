@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 import specsched as ss
-from fresh import fresh_lines
+from fresh import assert_read_in_place
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from specsched import _core, _torch
@@ -343,9 +343,7 @@ def test_torch_logits_allocate_nothing_of_their_size():
     """The peak resident size, which sees torch's and Rust's allocators as tracemalloc does
     not: verifying resident logits (bf16 transposed, f32 contiguous, f32 every other column)
     raises it by far less than a copy of them would. Fresh interpreter, as below."""
-    for kind, missing, grew, nbytes in fresh_lines(LOGITS_IN_PLACE, 3):
-        assert int(missing) == 0, kind
-        assert int(grew) < int(nbytes) / 8, f"{kind}: peak RSS grew by {grew} for {nbytes} B"
+    assert_read_in_place(LOGITS_IN_PLACE, 3, 8)
 
 
 EXPANDED_LOGITS = """
@@ -369,9 +367,7 @@ def test_expanded_torch_logits_are_never_materialised():
     costs nothing; a copy would raise the peak resident size by about its size (each view is
     twice the previous one, so a copy beats the earlier peak). Measured in a fresh interpreter,
     whose earlier peak is small."""
-    for dtype, missing, grew, nbytes in fresh_lines(EXPANDED_LOGITS, 3):
-        assert int(missing) == 0, dtype
-        assert int(grew) < int(nbytes) / 4, f"{dtype}: peak RSS grew by {grew} for {nbytes} B"
+    assert_read_in_place(EXPANDED_LOGITS, 3, 4)
 
 
 # -------------------------------------------------------------------------------- KV cache
