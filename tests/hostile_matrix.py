@@ -1568,6 +1568,21 @@ def scalar_cases() -> None:
             np.array([11, 12, 13]),
         ),
     )
+    # A list holding an int past int64 (numpy would make it float64 or object): named.
+    bad(
+        "NgramDrafter.propose_tokens",
+        "int past int64 in a list",
+        ValueError,
+        "context[1]: 9223372036854775808 does not fit in int64",
+        lambda: ss.NgramDrafter().propose_tokens([1, 2**63]),
+    )
+    bad(
+        "Tree",
+        "token past int64 in a list",
+        ValueError,
+        "tokens[1]",
+        lambda: ss.Tree([-1, 0], [1, 2**64]),
+    )
     # Options a greedy call does not use are still checked, not ignored.
     for kind, exc, arg, kw in [
         ("greedy, negative seed", ValueError, "seed", {"seed": -1}),

@@ -63,9 +63,35 @@ pub fn as_ndarray<'py>(obj: &Bound<'py, PyAny>, arg: &str) -> PyResult<Bound<'py
             type_name(obj)
         ))
     })?;
-    converted.cast_into::<PyUntypedArray>().map_err(|_| {
+    let converted = converted.cast_into::<PyUntypedArray>().map_err(|_| {
         PyTypeError::new_err(format!("{arg}: expected an array, got {}", type_name(obj)))
-    })
+    })?;
+    if matches!(converted.dtype().kind(), b'f' | b'O' | b'u') {
+        // numpy makes [1, 2**63] float64 (bits lost) and [2**64] an object array: an int the
+        // indices cannot hold, named, rather than "expected an integer array, got float64".
+        if let Some((i, x)) = first_wide_int(obj)? {
+            return Err(PyValueError::new_err(format!(
+                "{arg}[{i}]: {x} does not fit in int64"
+            )));
+        }
+    }
+    Ok(converted)
+}
+
+/// The first Python int of a flat list or tuple that does not fit in int64.
+fn first_wide_int<'py>(obj: &Bound<'py, PyAny>) -> PyResult<Option<(usize, Bound<'py, PyAny>)>> {
+    if !(obj.is_instance_of::<pyo3::types::PyList>()
+        || obj.is_instance_of::<pyo3::types::PyTuple>())
+    {
+        return Ok(None);
+    }
+    for (i, x) in obj.try_iter()?.enumerate() {
+        let x = x?;
+        if x.is_instance_of::<pyo3::types::PyInt>() && x.extract::<i64>().is_err() {
+            return Ok(Some((i, x)));
+        }
+    }
+    Ok(None)
 }
 
 /// A torch tensor numpy can read: detached when it requires grad (same storage), widened to
