@@ -1589,6 +1589,18 @@ def scalar_cases() -> None:
         ("greedy, str seed", TypeError, "seed", {"seed": "abc"}),
         ("greedy, unknown draft_sampling", ValueError, "draft_sampling", {"draft_sampling": "x"}),
         ("greedy, NaN posterior_alpha", ValueError, "posterior_alpha", {"posterior_alpha": np.nan}),
+        (
+            "greedy, 2 seeds for 1 tree",
+            ValueError,
+            "seed: has 2 per-request seeds",
+            {"seed": [1, 2]},
+        ),
+        (
+            "greedy, array posterior_threshold",
+            TypeError,
+            "posterior_threshold",
+            {"posterior_threshold": np.array([0.1, 0.2])},
+        ),
     ]:
         bad("verify", kind, exc, arg, lambda kw=kw: ss.verify(TREE, LOGITS, **kw), LOGITS)
     if torch is None:

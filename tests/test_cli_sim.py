@@ -149,6 +149,14 @@ def test_entry_point_exit_code() -> None:
     assert ok.returncode == 0 and "chain" in ok.stdout
 
 
+def test_simulate_json_writes_an_infinite_knee_as_null(capsys: pytest.CaptureFixture[str]) -> None:
+    # JSON has no infinity, and --json never prints a non-standard constant.
+    code, out, _ = run(
+        ["simulate", "--alpha", "0.8", "--knee", "inf", "--steps", "100", "--json"], capsys
+    )
+    assert code == 0 and json.loads(out)["cost"]["knee_tokens"] is None
+
+
 SIMULATE = ["simulate", "--alpha", "0.85", "--budget", "6", "--steps", "1000"]
 DECIDE = ["decide", "--prompt-tokens", "100", "--output-tokens", "200"]
 

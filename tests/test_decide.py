@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import specsched as ss
 from specsched import sim
@@ -218,6 +219,30 @@ def test_ngram_steps_are_priced_over_independent_hits() -> None:
     g = ngram.config["num_speculative_tokens"]
     s = _Scorer(Profile(**{**DECODE_HEAVY, "concurrency": 256, "ngram_hit_rate": 0.5}))
     assert s.t_target_mixed(0.5, g) < 0.5 * s.t_target(1 + g) + 0.5 * s.t_target(1)
+
+
+def test_every_speedup_lies_in_its_range() -> None:
+    # The speed-up over the rates moved by +-delta peaks inside the interval at high
+    # concurrency: the range covers the point (it printed "1.13x (range 1.00-1.10x)").
+    rng = np.random.default_rng(0)
+    for _ in range(60):
+        profile = {
+            "prompt_tokens": float(rng.choice([0, 200, 2000])),
+            "output_tokens": float(rng.choice([50, 500, 2000])),
+            "concurrency": int(rng.choice([1, 16, 64, 200, 256])),
+            "ngram_hit_rate": float(rng.uniform(0.0, 0.6)),
+            "ngram_acceptance": float(rng.uniform(0.3, 0.9)),
+            "suffix_hit_rate": float(rng.uniform(0.0, 0.6)),
+            "eagle3_head": True,
+            "acceptance_uncertainty": float(rng.choice([0.05, 0.1, 0.2])),
+        }
+        rec = decide(profile)
+        lo, hi = rec.speedup_range
+        assert lo - 1e-12 <= rec.speedup <= hi + 1e-12, (profile, rec.speedup, lo, hi)
+        for c in rec.candidates:
+            if c.excluded is None:
+                lo, hi = c.speedup_range
+                assert lo - 1e-12 <= c.speedup <= hi + 1e-12, (profile, c)
 
 
 def test_speedup_ranges_are_ordered_where_speculation_loses() -> None:

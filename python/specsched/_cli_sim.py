@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import sys
 from typing import Any
 
@@ -148,7 +149,12 @@ def simulate_command(args: argparse.Namespace) -> int:
     if args.plot:
         _plot_simulate(args.plot, models[0], args.budget[0], cost, args.depth, args.topk)
     if args.json:
-        out = {"cost": dataclasses.asdict(cost), "steps": args.steps, "rows": rows}
+        # An infinite knee (verification free at any size) as null: JSON has no infinity.
+        cost_fields = {
+            k: None if isinstance(v, float) and math.isinf(v) else v
+            for k, v in dataclasses.asdict(cost).items()
+        }
+        out = {"cost": cost_fields, "steps": args.steps, "rows": rows}
         print(json.dumps(out, indent=2, allow_nan=False))
         return 0
     print(

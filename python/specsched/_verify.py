@@ -25,6 +25,10 @@ Reduce = Literal["auto", "host", "device"]
 DraftSampling = Literal["with_replacement", "without_replacement"]
 
 _U64 = 1 << 64
+# Medusa's typical-acceptance defaults; compared by identity (a caller's array must not reach
+# an `!=` that has no single truth value).
+_POSTERIOR_THRESHOLD = 0.09
+_POSTERIOR_ALPHA = 0.3
 
 
 def verify(
@@ -40,8 +44,8 @@ def verify(
     draft_probs: Any = None,
     draft_sampling: DraftSampling = "with_replacement",
     rule: Literal["typical"] | None = None,
-    posterior_threshold: float = 0.09,
-    posterior_alpha: float = 0.3,
+    posterior_threshold: float = _POSTERIOR_THRESHOLD,
+    posterior_alpha: float = _POSTERIOR_ALPHA,
 ) -> VerifyResult | BatchVerifyResult:
     """Verifies `tree` (a Tree or a TreeBatch) against the target.
 
@@ -84,11 +88,16 @@ def verify(
     if not sampling and (
         seed is not None
         or draft_sampling != "with_replacement"
-        or posterior_threshold != 0.09
-        or posterior_alpha != 0.3
+        or posterior_threshold is not _POSTERIOR_THRESHOLD
+        or posterior_alpha is not _POSTERIOR_ALPHA
     ):
         # Not used by a greedy walk, but a wrong value is still the caller's mistake to hear.
-        _check_options(seed, draft_sampling, posterior_threshold, posterior_alpha)
+        seeds = _check_options(seed, draft_sampling, posterior_threshold, posterior_alpha)
+        num_trees = getattr(tree, "num_trees", 1)
+        if isinstance(seeds, np.ndarray) and len(seeds) != num_trees:
+            raise ValueError(
+                f"seed: has {len(seeds)} per-request seeds, expected one per request ({num_trees})"
+            )
     if target_tokens is not None:
         if sampling:
             raise TypeError(

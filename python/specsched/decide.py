@@ -453,11 +453,13 @@ def _chain_candidate(
             best = (s, gamma, tokens, step)
     assert best is not None
     s, gamma, tokens, step = best
-    ends = (
-        scorer.speedup(*score(gamma, _clip(hit_rate - delta), _clip(acceptance - delta))),
-        scorer.speedup(*score(gamma, _clip(hit_rate + delta), _clip(acceptance + delta))),
-    )
-    # Ordered: where speculation loses, better acceptance can lose more (bigger drafts).
+    # The speed-up over the rates moved by -delta..+delta: not monotone at high concurrency
+    # (a better hit rate verifies more tokens in a batch past the knee), so the range is taken
+    # over a grid that includes the point itself.
+    ends = [
+        scorer.speedup(*score(gamma, _clip(hit_rate + d), _clip(acceptance + d)))
+        for d in np.linspace(-delta, delta, 9)
+    ]
     return Candidate(
         method, {"num_speculative_tokens": gamma}, tokens, step, s, (min(ends), max(ends))
     )
@@ -492,10 +494,10 @@ def _eagle3_candidates(scorer: _Scorer, delta: float) -> tuple[Candidate, Candid
 
     def candidate(method: str, top: tuple[float, int, int, int, float, float]) -> Candidate:
         s, budget, depth, topk, tokens, step = top
-        ends = (
-            scorer.speedup(*score(_clip(a - delta), budget, depth, topk)),
-            scorer.speedup(*score(_clip(a + delta), budget, depth, topk)),
-        )
+        ends = [
+            scorer.speedup(*score(_clip(a + d), budget, depth, topk))
+            for d in np.linspace(-delta, delta, 9)
+        ]
         lo, hi = min(ends), max(ends)
         if topk == 1:
             config: dict[str, Any] = {"num_speculative_tokens": depth}
