@@ -94,23 +94,33 @@ fn first_wide_int<'py>(obj: &Bound<'py, PyAny>) -> PyResult<Option<(usize, Bound
     Ok(None)
 }
 
-/// A torch tensor numpy can read: detached when it requires grad (same storage), widened to
-/// float32 when bfloat16 (numpy has no such type; the arrays read this way, scores and
-/// lengths, are small). None for anything else, which numpy converts as it is.
+/// A torch tensor numpy can read: detached when it requires grad (same storage). None for
+/// anything else, which numpy converts as it is.
 fn torch_for_numpy<'py>(obj: &Bound<'py, PyAny>) -> PyResult<Option<Bound<'py, PyAny>>> {
     let py = obj.py();
     let Ok(requires_grad) = obj.getattr(pyo3::intern!(py, "requires_grad")) else {
         return Ok(None);
     };
-    let mut t = obj.clone();
     if requires_grad.is_truthy()? {
-        t = t.call_method0(pyo3::intern!(py, "detach"))?;
+        return Ok(Some(obj.call_method0(pyo3::intern!(py, "detach"))?));
     }
-    let dtype = t.getattr(pyo3::intern!(py, "dtype"))?.str()?;
-    if dtype.to_str()? == "torch.bfloat16" {
-        t = t.call_method0(pyo3::intern!(py, "float"))?;
+    Ok(Some(obj.clone()))
+}
+
+/// A bfloat16 torch tensor widened to float32, for the arguments read as floats (numpy has
+/// no bfloat16; the arrays read this way, top-k scores, are small); `obj` itself otherwise,
+/// so an integer argument given bfloat16 is refused naming bfloat16.
+pub fn widen_bfloat16<'py>(obj: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+    let py = obj.py();
+    if obj.cast::<PyUntypedArray>().is_ok() {
+        return Ok(obj.clone());
     }
-    Ok(Some(t))
+    if let Ok(dtype) = obj.getattr(pyo3::intern!(py, "dtype")) {
+        if dtype.str()?.to_str()? == "torch.bfloat16" {
+            return obj.call_method0(pyo3::intern!(py, "float"));
+        }
+    }
+    Ok(obj.clone())
 }
 
 /// Aligned, with every stride a whole number of elements: what a typed view can address.

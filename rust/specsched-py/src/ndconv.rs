@@ -109,7 +109,7 @@ pub fn float_array<'py>(
     arg: &str,
     ndim: usize,
 ) -> PyResult<FloatArray<'py>> {
-    let a = checked(obj, arg, ndim)?;
+    let a = checked(&crate::convert::widen_bfloat16(obj)?, arg, ndim)?;
     let dt = a.dtype();
     match (dt.kind(), dt.itemsize()) {
         (b'f', 4) => Ok(FloatArray::F32(typed::<f32>(&a, arg)?)),

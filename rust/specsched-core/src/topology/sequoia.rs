@@ -72,6 +72,17 @@ pub const MAX_DP_WORK: u128 = 1 << 36;
 /// Refuses a DP over `n` nodes, depth `depth` and `ranks` ranks whose tables would pass
 /// [`MAX_DP_ENTRIES`] or whose run would pass [`MAX_DP_WORK`], before anything is allocated.
 fn check_dp_size(ranks: usize, n: usize, depth: usize) -> Result<()> {
+    check_dp_size_or(
+        ranks,
+        n,
+        depth,
+        "pass a smaller max_depth or budget, or a non-increasing accept_probs (the O(n log n) \
+         heap)",
+    )
+}
+
+/// [`check_dp_size`] with the caller's remedy in the message.
+fn check_dp_size_or(ranks: usize, n: usize, depth: usize, remedy: &str) -> Result<()> {
     let ranks = ranks.min(n.saturating_sub(1));
     let entries = (depth + 1)
         .checked_mul(ranks + 1)
@@ -83,8 +94,7 @@ fn check_dp_size(ranks: usize, n: usize, depth: usize) -> Result<()> {
             "budget",
             format!(
                 "the exact DP for {n} nodes at depth <= {depth} over {ranks} ranks needs more \
-                 than {MAX_DP_ENTRIES} table entries or {MAX_DP_WORK} steps: pass a smaller \
-                 max_depth or budget, or a non-increasing accept_probs (the O(n log n) heap)"
+                 than {MAX_DP_ENTRIES} table entries or {MAX_DP_WORK} steps: {remedy}"
             ),
         )),
     }
@@ -295,7 +305,13 @@ pub(crate) fn optimal_tree_by_depth(
     let depth = depth.min(budget - 1);
     debug_assert!(rows.len() >= depth);
     let ranks = rows[..depth].iter().map(Vec::len).max().unwrap_or(0);
-    check_dp_size(ranks, budget, depth)?;
+    check_dp_size_or(
+        ranks,
+        budget,
+        depth,
+        "pass a smaller max_depth, topk or budget (this model's acceptance grows with rank \
+         somewhere, so the tree comes from the exact DP, not best-first)",
+    )?;
     // A root with l levels below it sits at depth `depth - l`: its children use that row.
     let levels = (1..=depth).map(|l| rows[depth - l].clone()).collect();
     Ok(Dp::run(Levels::ByLevel(levels), budget, depth).plan(budget, depth))
