@@ -318,7 +318,7 @@ def test_torch_logits_are_read_in_place(dtype, kind):
 
 
 LOGITS_IN_PLACE = """
-import resource, torch, specsched as ss
+import torch
 vocab = 128256
 # Resident logits of 64, 256 and 256 MB in three layouts and formats, each case's memory and
 # a copy of its logits past the earlier peak (so a copy would show): the chain is accepted to
@@ -329,12 +329,7 @@ for dtype, n, kind in cases:
     x = base.T if kind == "T" else base[:, ::2] if kind == "cols" else base
     x = x.to(dtype) if dtype != torch.float32 else x
     x[:, 7] = 1
-    t = ss.Tree.chain([7] * n)
-    ss.verify(ss.Tree.chain([7, 7]), x[:2])  # warm up
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    r = ss.verify(t, x)
-    after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    print(kind, n - 1 - r.num_accepted, (after - before) * 1024, n * vocab * x.element_size())
+    verify_peak(kind, x, n * vocab * x.element_size())
     del base, x
 """
 
@@ -347,18 +342,13 @@ def test_torch_logits_allocate_nothing_of_their_size():
 
 
 EXPANDED_LOGITS = """
-import resource, sys, torch, specsched as ss
+import torch
 vocab = 128256
 for dtype, n in ((torch.bfloat16, 1024), (torch.float16, 2048), (torch.float32, 4096)):
     row = torch.zeros(vocab, dtype=dtype)
     row[7] = 1
     x = row.expand(n, vocab)
-    t = ss.Tree.chain([7] * n)
-    ss.verify(ss.Tree.chain([7, 7]), x[:2])  # warm up
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    r = ss.verify(t, x)
-    after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    print(dtype, n - 1 - r.num_accepted, (after - before) * 1024, n * vocab * x.element_size())
+    verify_peak(str(dtype), x, n * vocab * x.element_size())
 """
 
 

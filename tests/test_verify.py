@@ -637,7 +637,7 @@ def test_host_logits_are_read_in_place(kind, dtype):
 
 
 NUMPY_LOGITS_IN_PLACE = """
-import resource, numpy as np, specsched as ss
+import numpy as np
 vocab = 128256
 # Resident logits of 256 MB in layouts whose columns are strided (Fortran order, every other
 # column), each base at least as large as the one before, so a copy of the view would pass the
@@ -650,12 +650,7 @@ for dtype, n, kind in (("float16", 1024, "F"), ("float32", 512, "F"), ("float32"
         base = np.zeros((n, 2 * vocab), dtype=dtype)
         x = base[:, ::2]
     x[:, 7] = 1
-    t = ss.Tree.chain([7] * n)
-    ss.verify(ss.Tree.chain([7, 7]), x[:2])  # warm up
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    r = ss.verify(t, x)
-    after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    print(kind + dtype, n - 1 - r.num_accepted, (after - before) * 1024, x.nbytes)
+    verify_peak(kind + dtype, x, x.nbytes)
     del base, x
 """
 
