@@ -58,10 +58,12 @@ def sampled_tokens(rng: np.random.Generator, parents, q: np.ndarray, replace: bo
     for c in range(1, len(parents)):
         kids.setdefault(parents[c], []).append(c)
     for v, cs in kids.items():
+        pv = q[v].astype(np.float64)
+        pv /= pv.sum()  # numpy's choice wants float64 sums within 1e-8 (float32 rows are not)
         if replace:
-            draws = rng.choice(len(q[v]), size=len(cs), p=q[v])
+            draws = rng.choice(len(pv), size=len(cs), p=pv)
         else:
-            draws = rng.choice(len(q[v]), size=len(cs), replace=False, p=q[v])
+            draws = rng.choice(len(pv), size=len(cs), replace=False, p=pv)
         for c, x in zip(cs, draws, strict=True):
             tokens[c] = int(x)
     return tokens
@@ -173,16 +175,23 @@ def api_kwargs(rule: dict, q: np.ndarray | None) -> dict:
 )
 @SETTINGS
 @given(
-    tree=trees(max_nodes=24), seed=st.integers(0, 10**6), temp=st.sampled_from([0.0, 0.6, 1.0, 1.7])
+    tree=trees(max_nodes=24),
+    seed=st.integers(0, 10**6),
+    temp=st.sampled_from([0.0, 0.6, 1.0, 1.7]),
+    dtype=st.sampled_from([np.float64, np.float32, np.float16]),
+    probs_dtype=st.sampled_from([np.float64, np.float32]),
 )
-def test_tree_matches_reference(rule, tree, seed, temp):
+def test_tree_matches_reference(rule, tree, seed, temp, dtype, probs_dtype):
     parents, tokens = tree
     rng = np.random.default_rng(seed)
     vocab = 32 if rule.get("without_replacement") else VOCAB  # room for distinct siblings
-    q = draft_rows(rng, len(parents), vocab)
+    # Draft rows renormalized in their own precision (so they sum to 1 within its tolerance).
+    q = draft_rows(rng, len(parents), vocab).astype(probs_dtype)
+    q /= q.sum(axis=1, keepdims=True)
     if rule["rule"] == "rejection":
         tokens = sampled_tokens(rng, parents, q, replace=not rule["without_replacement"])
-    logits = peaked_logits(rng, parents, tokens, vocab)
+    # Logits in every host format: Rust widens them exactly, as the reference reads them.
+    logits = peaked_logits(rng, parents, tokens, vocab).astype(dtype)
     k, p = int(rng.integers(0, 6)), float(rng.choice([1.0, 0.9, 0.6]))
     r = ss.verify(
         ss.Tree(parents, tokens),
@@ -195,7 +204,15 @@ def test_tree_matches_reference(rule, tree, seed, temp):
     )
     extra = dict(rule)
     acc, emitted = ref.verify_sampled(
-        parents, tokens, logits.tolist(), temp, k, p, seed, draft_rows=q.tolist(), **extra
+        parents,
+        tokens,
+        logits.astype(np.float64).tolist(),
+        temp,
+        k,
+        p,
+        seed,
+        draft_rows=q.astype(np.float64).tolist(),
+        **extra,
     )
     assert r.accepted_nodes.tolist() == acc
     assert r.tokens.tolist() == emitted
