@@ -165,6 +165,53 @@ def test_batch_plan_matches_reference(batch, rnd, prefix, per_request, opts):
     assert set(req.tolist()) <= {i for i in range(b) if active[i]}
 
 
+@SETTINGS
+@given(
+    batches(8, 32, VOCAB),
+    st.randoms(use_true_random=False),
+    st.lists(st.integers(0, 50), min_size=8, max_size=8),
+    st.integers(0, 2),
+    st.booleans(),
+)
+def test_cache_moves_match_reference(batch, rnd, prefixes, layout, negative_axes):
+    """The device path's moves (`_core.cache_moves`, applied by one indexed copy on the
+    tensor's device) are the reference plan, with the axes normalized and the committed
+    lengths `compact_kv` returns (prefix + path for rows that commit, prefix for the rest)."""
+    from specsched import _core
+
+    rb = verified_batch(batch, rnd)
+    acc = rb.accepted_nodes.tolist()
+    b = len(acc)
+    pl = prefixes[:b]
+    seq_len = max(pl) + max(np.diff(batch[2])) + 1
+    # [B, H, S], [S, B, H] or [H, S, B]: the sequence and batch axes anywhere.
+    seq_dim, batch_dim = [(2, 0), (0, 1), (1, 2)][layout]
+    shape = [3, 3, 3]
+    shape[seq_dim], shape[batch_dim] = seq_len, b
+    args = (seq_dim - 3, batch_dim - 3) if negative_axes else (seq_dim, batch_dim)
+    active = [rnd.random() < 0.7 for _ in range(b)]
+    for act in (None, np.array(active)):
+        req, src, dst, sd, bd, committed = _core.cache_moves(shape, rb, pl, *args, act)
+        flags = None if act is None else active
+        assert (req.tolist(), src.tolist(), dst.tolist()) == ref.batch_kv_compaction_plan(
+            acc, pl, flags
+        )
+        assert (sd, bd) == (seq_dim, batch_dim)
+        keeps = [True] * b if flags is None else flags
+        want = [
+            p + (len([a for a in row if a >= 0]) if k else 0)
+            for p, row, k in zip(pl, acc, keeps, strict=True)
+        ]
+        assert committed.tolist() == want
+    # A single tree's result: the plan of one request, no batch axis.
+    one = rb[0]
+    req, src, dst, sd, bd, committed = _core.cache_moves([seq_len, 3], one, pl[0], 0, None, None)
+    assert (src.tolist(), dst.tolist()) == ref.kv_compaction_plan(
+        one.accepted_nodes.tolist(), pl[0]
+    )
+    assert committed == pl[0] + len(one.accepted_nodes)
+
+
 def test_plan_hand_case_and_errors():
     t = ss.Tree(P5, T5)
     r = ss.verify(t, target_tokens=[11, 14, 0, 0, 77])  # accepted 0, 1, 4
