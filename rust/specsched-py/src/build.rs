@@ -355,7 +355,9 @@ impl PyDynamicTreeBuilder {
             active.extend(p.active.iter().map(|&a| a != 0));
             let (tt, lp) = p.root_topk()?;
             let roots = ArrayView1::from(p.root_tokens);
-            inner.start_into_slot0(roots, tt, lp, p.prefix_lens, Some(&active), p.out)?;
+            // The root's top-k is slot 0 of the `[B, K, K]` buffers: named `[r, 0, c]`.
+            let at = |r: usize, c: usize| format!("[{r}, 0, {c}]");
+            inner.start_into_named(roots, tt, lp, p.prefix_lens, Some(&active), p.out, at)?;
             Ok(inner.settled())
         });
         self.active = active;

@@ -402,7 +402,7 @@ impl DynamicTreeBuilder {
         out: StepOut<'_, M>,
     ) -> Result<()> {
         let at = |r: usize, c: usize| format!("[{r}, {c}]");
-        self.start_named(
+        self.start_into_named(
             root_tokens,
             topk_tokens,
             topk_logprobs,
@@ -413,32 +413,11 @@ impl DynamicTreeBuilder {
         )
     }
 
-    /// [`Self::start_into`] reading the root's top-k as slot 0 of `[B, K, K]` level buffers
-    /// (`[:, 0, :]`): an error names the entry as `[r, 0, c]`, where the caller wrote it.
-    pub fn start_into_slot0<R: IndexLike, T: IndexLike, S: ScoreLike, M: From<bool> + Copy>(
-        &mut self,
-        root_tokens: ArrayView1<'_, R>,
-        topk_tokens: ArrayView2<'_, T>,
-        topk_logprobs: ArrayView2<'_, S>,
-        prefix_lens: &[i64],
-        active: Option<&[bool]>,
-        out: StepOut<'_, M>,
-    ) -> Result<()> {
-        let at = |r: usize, c: usize| format!("[{r}, 0, {c}]");
-        self.start_named(
-            root_tokens,
-            topk_tokens,
-            topk_logprobs,
-            prefix_lens,
-            active,
-            out,
-            at,
-        )
-    }
-
-    /// [`Self::start_into`], a bad log probability named by `at(request, column)`.
+    /// [`Self::start_into`], a bad log probability named by `at(request, column)`: callers
+    /// reading the root's top-k from elsewhere (slot 0 of `[B, K, K]` level buffers) name the
+    /// entry where it was written.
     #[allow(clippy::too_many_arguments)]
-    fn start_named<R: IndexLike, T: IndexLike, S: ScoreLike, M: From<bool> + Copy>(
+    pub fn start_into_named<R: IndexLike, T: IndexLike, S: ScoreLike, M: From<bool> + Copy>(
         &mut self,
         root_tokens: ArrayView1<'_, R>,
         topk_tokens: ArrayView2<'_, T>,
