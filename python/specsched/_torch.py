@@ -350,20 +350,16 @@ def host_array(x: Any, arg: str) -> Any:
     inputs unchanged. Floats numpy cannot hold (bfloat16, float8) are widened to float32 (a
     handful of values); a tensor numpy cannot view at all is a TypeError naming `arg`."""
     if is_tensor(x):
+        import torch
+
         check_has_data(x, arg)
         t = x.detach()
         if t.device.type != "cpu":
             t = t.cpu()
-        if t.is_floating_point() and t.element_size() < 4 and t.dtype != _float16():
+        if t.is_floating_point() and t.element_size() < 4 and t.dtype != torch.float16:
             t = t.float()
         try:
             return t.resolve_conj().resolve_neg().numpy()
         except (TypeError, RuntimeError) as e:
             raise TypeError(f"{arg}: a {t.dtype} tensor numpy cannot hold ({e})") from None
     return x
-
-
-def _float16() -> Any:
-    import torch
-
-    return torch.float16

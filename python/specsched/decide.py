@@ -370,17 +370,16 @@ class _Scorer:
         * t(1)`) overstates it at high concurrency, where the rows rarely all hit at once."""
         b = self.p.concurrency
         if hit <= 0.0 or extra == 0:
-            return self.cost.t_forward(b)
+            return float(self.cost.t_forward(b))
         if hit >= 1.0:
-            return self.cost.t_forward(b * (1 + extra))
+            return float(self.cost.t_forward(b * (1 + extra)))
         h = np.arange(b + 1)
         # log C(b, h) by a running sum of log((b - i + 1) / i): no lgamma in numpy.
         i = np.arange(1, b + 1)
         log_choose = np.concatenate(([0.0], np.cumsum(np.log((b - i + 1) / i))))
         log_pmf = log_choose + h * math.log(hit) + (b - h) * math.log1p(-hit)
         pmf = np.exp(log_pmf - log_pmf.max())
-        tokens = b + extra * h
-        forward = self.p.target_forward_ms * np.maximum(1.0, tokens / self.p.knee_tokens)
+        forward = self.cost.t_forward(b + extra * h)
         return float((pmf * forward).sum() / pmf.sum())
 
     def times(self, expected_tokens: float, step_ms: float) -> tuple[float, float]:

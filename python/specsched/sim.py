@@ -338,11 +338,12 @@ class CostModel:
 
     def t_target(self, n: int) -> float:
         """Target forward over `n` tokens per request, for the whole batch."""
-        return self.t_forward(self.concurrency * n)
+        return float(self.t_forward(self.concurrency * n))
 
-    def t_forward(self, tokens: float) -> float:
-        """Target forward over `tokens` tokens in all (rows may verify different counts)."""
-        return self.t_target_ms * max(1.0, tokens / self.knee_tokens)
+    def t_forward(self, tokens: Any) -> Any:
+        """Target forward over `tokens` tokens in all (rows may verify different counts); a
+        numpy array of token counts gives an array of times."""
+        return self.t_target_ms * np.maximum(1.0, np.divide(tokens, self.knee_tokens))
 
     def step_ms(self, budget: int, draft_steps: int) -> float:
         """One speculative step: verify `budget` tokens, `draft_steps` draft forwards, host."""
