@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 import random
 import tracemalloc
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -593,6 +594,24 @@ def test_cache_buffer_checks_on_tensor_descriptions():
     with pytest.raises(ValueError, match=r"cache\[1\]: a tensor on the meta device"):
         ss.compact_kv([keys, torch.zeros(8, 3, device="meta")], rb, 0, 0)
     assert not keys.any()
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda b, m: b.positions(m),
+        lambda b, m: b.attention_mask(m),
+        lambda b, m: b.padded_layout(m),
+        lambda b, m: b.limit_depth(m),
+    ],
+    ids=["positions", "attention_mask", "padded_layout", "limit_depth"],
+)
+def test_tree_layouts_refuse_meta_per_request_args(call: Callable[..., Any]) -> None:
+    # docs/api.md "Hostile input": a meta tensor is a ValueError naming the argument, here
+    # as in kv_compaction_plan (numpy's own refusal was a TypeError about conversion).
+    b = ss.TreeBatch([ss.Tree.chain([1, 2]), ss.Tree.chain([3])])
+    with pytest.raises(ValueError, match=r"^(prefix_lens|max_depth): a tensor on the meta"):
+        call(b, torch.empty(2, dtype=torch.int64, device="meta"))
 
 
 # ---------------------------------------------------------------------------------- CUDA

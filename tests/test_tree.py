@@ -601,6 +601,37 @@ def test_bad_from_choices(choices: Any, tokens: Any, exc: type[Exception], match
             ref.from_choices(choices, tokens)
 
 
+@pytest.mark.parametrize(
+    ("make", "arg"),
+    [
+        (lambda bad: ss.Tree([-1, 0], bad), "tokens"),
+        (lambda bad: ss.Tree(bad, [1, 2]), "parents"),
+        (lambda bad: ss.Tree.chain(bad), "tokens"),
+        (lambda bad: ss.TreeBatch.from_flat([-1], [1], bad), "offsets"),
+    ],
+)
+@pytest.mark.parametrize(
+    "bad", [None, (x for x in [1, 2]), b"\x01\x02", "12"], ids=["none", "gen", "bytes", "str"]
+)
+def test_non_numbers_are_a_type_error(make: Callable[[Any], Any], arg: str, bad: Any) -> None:
+    # numpy wraps these as 0-d object / text arrays; the error is their type, not a shape.
+    with pytest.raises(TypeError, match=f"^{arg}: expected an array of numbers"):
+        make(bad)
+
+
+def test_bools_among_ints_are_a_type_error() -> None:
+    with pytest.raises(TypeError, match=r"^parents\[1\]: a bool among ints"):
+        ss.Tree([-1, False, True], [1, 2, 3])
+    b = ss.TreeBatch([ss.Tree.chain([1, 2]), ss.Tree.chain([3])])
+    with pytest.raises(TypeError, match=r"^prefix_lens\[0\]"):
+        b.positions([True, 5])
+    with pytest.raises(TypeError, match=r"^parents\[1\]\[0\]"):
+        ss.TreeBatch.from_flat([[-1], [False]], [1, 2], [0, 2])
+    # An all-bool list stays a bool array: refused for its dtype, named.
+    with pytest.raises(TypeError, match="^parents: expected an integer array"):
+        ss.Tree([True, False], [1, 2])
+
+
 def test_bad_treebatch_constructor() -> None:
     t = ss.Tree.chain([1, 2])
     with pytest.raises(ValueError, match="trees"):

@@ -55,7 +55,7 @@ pub fn as_ndarray<'py>(obj: &Bound<'py, PyAny>, arg: &str) -> PyResult<Bound<'py
         let empty = np.call_method1("asarray", (obj, "int64"))?;
         return Ok(empty.cast_into::<PyUntypedArray>()?);
     }
-    let tensor = torch_for_numpy(obj)?;
+    let tensor = torch_for_numpy(obj, arg)?;
     let obj = tensor.as_ref().unwrap_or(obj);
     let converted = np.call_method1("asarray", (obj,)).map_err(|e| {
         PyTypeError::new_err(format!(
@@ -66,7 +66,8 @@ pub fn as_ndarray<'py>(obj: &Bound<'py, PyAny>, arg: &str) -> PyResult<Bound<'py
     let converted = converted.cast_into::<PyUntypedArray>().map_err(|_| {
         PyTypeError::new_err(format!("{arg}: expected an array, got {}", type_name(obj)))
     })?;
-    if matches!(converted.dtype().kind(), b'f' | b'O' | b'u') {
+    let kind = converted.dtype().kind();
+    if matches!(kind, b'f' | b'O' | b'u') {
         // numpy makes [1, 2**63] float64 (bits lost) and [2**64] an object array: an int the
         // indices cannot hold, named, rather than "expected an integer array, got float64".
         if let Some((i, x)) = first_wide_int(obj)? {
@@ -75,14 +76,29 @@ pub fn as_ndarray<'py>(obj: &Bound<'py, PyAny>, arg: &str) -> PyResult<Bound<'py
             )));
         }
     }
+    if matches!(kind, b'O' | b'S' | b'U' | b'V') {
+        // None, a generator, bytes or a string: numpy wraps them as a 0-d object or text
+        // array, which would be refused for its shape; it is the wrong type.
+        return Err(PyTypeError::new_err(format!(
+            "{arg}: expected an array of numbers, got {}",
+            type_name(obj)
+        )));
+    }
+    if matches!(kind, b'i' | b'u') {
+        // numpy reads True / False among ints as 1 / 0: a bool is not an index or a count
+        // (and an all-bool list stays a bool array, for the arguments that take one).
+        if let Some(at) = first_bool(obj)? {
+            return Err(PyTypeError::new_err(format!(
+                "{arg}{at}: a bool among ints (numpy would read it as an int); give ints"
+            )));
+        }
+    }
     Ok(converted)
 }
 
 /// The first Python int of a flat list or tuple that does not fit in int64.
 fn first_wide_int<'py>(obj: &Bound<'py, PyAny>) -> PyResult<Option<(usize, Bound<'py, PyAny>)>> {
-    if !(obj.is_instance_of::<pyo3::types::PyList>()
-        || obj.is_instance_of::<pyo3::types::PyTuple>())
-    {
+    if !is_sequence_literal(obj) {
         return Ok(None);
     }
     for (i, x) in obj.try_iter()?.enumerate() {
@@ -94,17 +110,56 @@ fn first_wide_int<'py>(obj: &Bound<'py, PyAny>) -> PyResult<Option<(usize, Bound
     Ok(None)
 }
 
-/// A torch tensor numpy can read: detached when it requires grad (same storage). None for
-/// anything else, which numpy converts as it is.
-fn torch_for_numpy<'py>(obj: &Bound<'py, PyAny>) -> PyResult<Option<Bound<'py, PyAny>>> {
+fn is_sequence_literal(obj: &Bound<'_, PyAny>) -> bool {
+    obj.is_instance_of::<pyo3::types::PyList>() || obj.is_instance_of::<pyo3::types::PyTuple>()
+}
+
+/// Where the first Python bool sits in nested lists / tuples (`"[i][j]"`), if any.
+fn first_bool(obj: &Bound<'_, PyAny>) -> PyResult<Option<String>> {
+    if !is_sequence_literal(obj) {
+        return Ok(None);
+    }
+    for (i, x) in obj.try_iter()?.enumerate() {
+        let x = x?;
+        if x.is_instance_of::<pyo3::types::PyBool>() {
+            return Ok(Some(format!("[{i}]")));
+        }
+        if let Some(inner) = first_bool(&x)? {
+            return Ok(Some(format!("[{i}]{inner}")));
+        }
+    }
+    Ok(None)
+}
+
+/// A torch tensor numpy can read: detached when it requires grad (same storage), copied to
+/// the host from another device (the arrays read this way are indices, lengths and scores;
+/// large device inputs, the logits and caches, have their own device paths). A tensor on
+/// the meta device is a ValueError naming `arg`. None for anything else, which numpy
+/// converts as it is.
+fn torch_for_numpy<'py>(obj: &Bound<'py, PyAny>, arg: &str) -> PyResult<Option<Bound<'py, PyAny>>> {
     let py = obj.py();
     let Ok(requires_grad) = obj.getattr(pyo3::intern!(py, "requires_grad")) else {
         return Ok(None);
     };
-    if requires_grad.is_truthy()? {
-        return Ok(Some(obj.call_method0(pyo3::intern!(py, "detach"))?));
+    let mut tensor = if requires_grad.is_truthy()? {
+        obj.call_method0(pyo3::intern!(py, "detach"))?
+    } else {
+        obj.clone()
+    };
+    if let Ok(device) = tensor.getattr(pyo3::intern!(py, "device")) {
+        let kind = device.getattr(pyo3::intern!(py, "type"))?;
+        let kind = kind.str()?;
+        match kind.to_str()? {
+            "cpu" => {}
+            "meta" => {
+                return Err(PyValueError::new_err(format!(
+                    "{arg}: a tensor on the meta device holds no data"
+                )))
+            }
+            _ => tensor = tensor.call_method0(pyo3::intern!(py, "cpu"))?,
+        }
     }
-    Ok(Some(obj.clone()))
+    Ok(Some(tensor))
 }
 
 /// A bfloat16 torch tensor widened to float32, for the arguments read as floats (numpy has
