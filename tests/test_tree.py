@@ -585,6 +585,12 @@ BAD_CHOICES: list[tuple[str, Any, Any, type[Exception], str]] = [
     ("choice_not_a_tuple", [0, 1], None, TypeError, r"choices\[0\]"),
     ("choice_of_strings", [(0,), ("a",)], None, TypeError, r"choices\[1\]"),
     ("choices_not_iterable", 5, None, TypeError, "choices"),
+    # PyO3 and numpy read a bool as 0 / 1; a rank is an int.
+    ("bool_rank", [(0,), (0, True)], None, TypeError, r"choices\[1\]\[1\]"),
+    # Errors name the first offender in the order given, as the reference does (the nodes
+    # are placed in sorted order, where (2, 1) would come first).
+    ("missing_prefix_first_given", [(3, 3, 3), (2, 1)], None, ValueError, r"choices\[0\]"),
+    ("duplicate_first_given", [(1,), (0,), (1,), (0,)], None, ValueError, r"choices\[2\]"),
 ]
 
 

@@ -144,10 +144,10 @@ impl PyTree {
 
     /// Root plus a linear draft: `tokens[0]` is the root, node i's parent is i - 1.
     #[staticmethod]
-    fn chain(tokens: &Bound<'_, PyAny>) -> PyResult<Self> {
+    fn chain(py: Python<'_>, tokens: &Bound<'_, PyAny>) -> PyResult<Self> {
         let t = int_array1(tokens, "tokens", true)?;
         Ok(PyTree {
-            inner: with_int_view!(t, v => topology::chain(v)).py()?,
+            inner: with_int_view!(t, v => py.detach(|| topology::chain(v))).py()?,
         })
     }
 
@@ -159,6 +159,7 @@ impl PyTree {
         text_signature = "(choices, tokens=None, order='breadth_first')"
     )]
     fn from_choices(
+        py: Python<'_>,
         choices: &Bound<'_, PyAny>,
         tokens: Option<&Bound<'_, PyAny>>,
         #[pyo3(from_py_with = choice_order)] order: ChoiceOrder,
@@ -172,20 +173,17 @@ impl PyTree {
             ))
         })?;
         for (j, c) in iter.enumerate() {
-            let c = c?;
-            let path = c.extract::<Vec<i64>>().map_err(|e| {
-                PyTypeError::new_err(format!(
-                    "choices[{j}]: expected a tuple of ints, got {} ({e})",
-                    type_name(&c)
-                ))
-            })?;
-            paths.push(path);
+            paths.push(choice_path(&c?, j)?);
         }
         let inner = match tokens {
-            None => topology::from_choices_in(&paths, None::<ArrayView1<'_, i64>>, layout),
+            None => {
+                py.detach(|| topology::from_choices_in(&paths, None::<ArrayView1<'_, i64>>, layout))
+            }
             Some(t) => {
                 let t = int_array1(t, "tokens", true)?;
-                with_int_view!(t, v => topology::from_choices_in(&paths, Some(v), layout))
+                with_int_view!(t, v => py.detach(|| {
+                    topology::from_choices_in(&paths, Some(v), layout)
+                }))
             }
         }
         .py()?;
@@ -210,13 +208,15 @@ impl PyTree {
     /// The tree without its nodes deeper than `max_depth` (0: the root alone), order kept.
     fn limit_depth(
         &self,
+        py: Python<'_>,
         #[pyo3(from_py_with = max_depth_arg)] max_depth: i64,
     ) -> PyResult<PyTree> {
         let d = usize::try_from(max_depth).map_err(|_| {
             PyValueError::new_err(format!("max_depth: must be >= 0, got {max_depth}"))
         })?;
+        let tree = &self.inner;
         Ok(PyTree {
-            inner: self.inner.limit_depth(d),
+            inner: py.detach(|| tree.limit_depth(d)),
         })
     }
 
@@ -392,7 +392,7 @@ fn usize_array<'py>(py: Python<'py>, v: &[usize]) -> Bound<'py, PyArray1<i64>> {
 #[pymethods]
 impl PyTreeBatch {
     #[new]
-    fn new(trees: &Bound<'_, PyAny>) -> PyResult<Self> {
+    fn new(py: Python<'_>, trees: &Bound<'_, PyAny>) -> PyResult<Self> {
         let mut refs: Vec<Bound<'_, PyTree>> = Vec::new();
         let iter = trees.try_iter().map_err(|_| {
             PyTypeError::new_err(format!(
@@ -412,7 +412,7 @@ impl PyTreeBatch {
         }
         let inner_refs: Vec<&Tree> = refs.iter().map(|t| &t.get().inner).collect();
         Ok(PyTreeBatch {
-            inner: TreeBatch::from_trees(&inner_refs).py()?,
+            inner: py.detach(|| TreeBatch::from_trees(&inner_refs)).py()?,
         })
     }
 
@@ -515,6 +515,7 @@ impl PyTreeBatch {
 
     fn __getitem__(
         &self,
+        py: Python<'_>,
         #[pyo3(from_py_with = crate::convert::index_arg)] index: isize,
     ) -> PyResult<PyTree> {
         let b = self.inner.num_trees() as isize;
@@ -524,8 +525,9 @@ impl PyTreeBatch {
                 "index: {index} is out of range for a batch of {b} trees"
             )));
         }
+        let batch = &self.inner;
         Ok(PyTree {
-            inner: self.inner.to_tree(i as usize),
+            inner: py.detach(|| batch.to_tree(i as usize)),
         })
     }
 
@@ -770,6 +772,25 @@ impl PyTreeBatch {
 
 /// `order` of `Tree.from_choices`: "breadth_first" or "depth_first" (any other object, a
 /// non-string included, is an error naming `order`).
+/// `choices[j]` as a path of ints: a bool entry is refused (PyO3 reads it as 0 / 1).
+fn choice_path(c: &Bound<'_, PyAny>, j: usize) -> PyResult<Vec<i64>> {
+    let path = c.extract::<Vec<i64>>().map_err(|e| {
+        PyTypeError::new_err(format!(
+            "choices[{j}]: expected a tuple of ints, got {} ({e})",
+            type_name(c)
+        ))
+    })?;
+    // Only when the extraction succeeded: the entries are then a sequence of ints.
+    for (k, x) in c.try_iter()?.enumerate() {
+        if x?.is_instance_of::<pyo3::types::PyBool>() {
+            return Err(PyTypeError::new_err(format!(
+                "choices[{j}][{k}]: expected an int, got bool"
+            )));
+        }
+    }
+    Ok(path)
+}
+
 fn choice_order(order: &Bound<'_, PyAny>) -> PyResult<ChoiceOrder> {
     match crate::convert::str_choice(order, "order", &["breadth_first", "depth_first"])? {
         0 => Ok(ChoiceOrder::BreadthFirst),

@@ -82,6 +82,9 @@ pub fn choices_layout_in(
             ),
         ));
     }
+    // Checked in the order given, so an error names the first offending entry as the user
+    // listed them (the sorted order below would name another).
+    let mut first_of: HashMap<&[i64], usize> = HashMap::with_capacity(choices.len());
     for (j, c) in choices.iter().enumerate() {
         if c.is_empty() {
             return Err(Error::value(
@@ -95,6 +98,29 @@ pub fn choices_layout_in(
                 format!("choices[{j}] = {} has a negative rank {x}", fmt_choice(c)),
             ));
         }
+        if let Some(&first) = first_of.get(c.as_slice()) {
+            return Err(Error::value(
+                "choices",
+                format!(
+                    "choices[{j}] = {} duplicates choices[{first}]",
+                    fmt_choice(c)
+                ),
+            ));
+        }
+        first_of.insert(c, j);
+    }
+    for (j, c) in choices.iter().enumerate() {
+        let prefix = &c[..c.len() - 1];
+        if !prefix.is_empty() && !first_of.contains_key(prefix) {
+            return Err(Error::value(
+                "choices",
+                format!(
+                    "choices[{j}] = {}: its prefix {} is not in choices",
+                    fmt_choice(c),
+                    fmt_choice(prefix)
+                ),
+            ));
+        }
     }
     let mut order: Vec<usize> = (0..choices.len()).collect();
     order.sort_by(|&a, &b| {
@@ -104,40 +130,20 @@ pub fn choices_layout_in(
             ChoiceOrder::DepthFirst => ca.cmp(cb),
         }
     });
+    // A node's prefix sorts before it in both orders, so its node is known when it is placed.
     let mut node_of: HashMap<&[i64], usize> = HashMap::with_capacity(choices.len());
     let mut parents = Vec::with_capacity(choices.len() + 1);
     parents.push(-1i32);
     for (pos, &j) in order.iter().enumerate() {
         let c = choices[j].as_slice();
-        let node = pos + 1;
-        if let Some(&prev) = node_of.get(c) {
-            let first = order[prev - 1];
-            let (a, b) = (first.min(j), first.max(j));
-            return Err(Error::value(
-                "choices",
-                format!("choices[{b}] = {} duplicates choices[{a}]", fmt_choice(c)),
-            ));
-        }
-        let parent = if c.len() == 1 {
-            0
-        } else {
-            let prefix = &c[..c.len() - 1];
-            match node_of.get(prefix) {
-                Some(&p) => p,
-                None => {
-                    return Err(Error::value(
-                        "choices",
-                        format!(
-                            "choices[{j}] = {}: its prefix {} is not in choices",
-                            fmt_choice(c),
-                            fmt_choice(prefix)
-                        ),
-                    ))
-                }
-            }
+        let parent = match c.len() {
+            1 => 0,
+            len => node_of.get(&c[..len - 1]).copied().ok_or_else(|| {
+                Error::value("choices", "internal error: a prefix sorted after its path")
+            })?,
         };
         parents.push(parent as i32);
-        node_of.insert(c, node);
+        node_of.insert(c, pos + 1);
     }
     Ok((order, parents))
 }
