@@ -445,6 +445,63 @@ def test_bad_input_is_a_clear_error():
         )
 
 
+def test_a_longer_mask_buffer_is_filled_only_after_the_kernel_and_never_over_an_argument():
+    pl = np.array([[-1, 0, 1, 2, 3]])
+    block = np.zeros(64, np.uint8)
+    # top_scores_index lives in the part of the mask buffer past the kernel's 25 entries.
+    sel = block[32:].view(np.int64)[:4].reshape(1, 4)
+    sel[0] = [0, 1, 2, 3]
+    with pytest.raises(ValueError, match="tree_mask_buf and top_scores_index: may share memory"):
+        build(pl, sel, n=5, topk=4, steps=1, seq_lens=np.array([3]), seq_lens_sum=3,
+              tree_mask_mode=sg.TreeMaskMode.QLEN_ONLY, tree_mask_buf=block.view(bool))  # fmt: skip
+    assert sel.tolist() == [[0, 1, 2, 3]]
+    # A refused call leaves the buffer's tail as it was; a good one fills it as SGLang does.
+    buf = np.zeros(40, bool)
+    with pytest.raises(ValueError, match="invalid eagle tree"):
+        build(np.array([[-1, 0, 1, 2, 3]]), np.array([[0, 1, 2, 9]]), n=5, topk=2, steps=3,
+              seq_lens=np.array([3]), seq_lens_sum=3, tree_mask_mode=sg.TreeMaskMode.QLEN_ONLY,
+              tree_mask_buf=buf)  # fmt: skip
+    assert not buf[25:].any()
+    out = build(pl, np.array([[0, 1, 2, 3]]), n=5, topk=4, steps=1, seq_lens=np.array([3]),
+                seq_lens_sum=3, tree_mask_mode=sg.TreeMaskMode.QLEN_ONLY, tree_mask_buf=buf)  # fmt: skip
+    assert out[0] is buf and buf[25:].all()
+
+
+@pytest.mark.parametrize(
+    ("kw", "exc", "match"),
+    [
+        ({"tree_mask_mode": 2.9}, TypeError, "tree_mask_mode: expected an int, got float"),
+        ({"tree_mask_mode": True}, TypeError, "tree_mask_mode: expected an int, got bool"),
+        ({"tree_mask_mode": "1"}, TypeError, "tree_mask_mode: expected an int, got str"),
+        ({"tree_mask_mode": 3}, ValueError, "tree_mask_mode: expected 0"),
+        ({"seq_lens_sum": 6.0}, TypeError, "seq_lens_sum: expected an int, got float"),
+        ({"seq_lens_sum": True}, TypeError, "seq_lens_sum: expected an int, got bool"),
+        ({"seq_lens_sum": -1}, ValueError, "seq_lens_sum: must be >= 0"),
+        # FULL sizes its mask from seq_lens: checked before that allocation.
+        ({"seq_lens": np.array([-1, 2**40]), "seq_lens_sum": 2**40 - 1}, ValueError,
+         r"seq_lens\[0\] = -1"),
+        ({"seq_lens": np.array([2**62, 0]), "seq_lens_sum": 2**62}, ValueError,
+         "seq_lens: the FULL mask of these lengths does not fit"),
+    ],
+)  # fmt: skip
+def test_scalar_arguments_are_ints_named(kw: dict, exc: type[Exception], match: str):
+    with pytest.raises(exc, match=match):
+        build([[-1, 0, 1], [-1, 0, 1]], [[0, 1], [0, 1]], **kw)
+
+
+def test_organize_needs_one_parents_entry_per_draft_step():
+    steps = [np.zeros((1, 1, 2), np.float32), np.zeros((1, 2, 2), np.float32)]
+    tokens = [np.zeros((1, 2), np.int64), np.zeros((1, 4), np.int64)]
+    parents = [np.array([[-1, 0, 1]]), np.array([[0, 1]])]
+    sg.organize_draft_results(steps, tokens, parents, 3)
+    with pytest.raises(ValueError, match="got 2, 2 and 0"):
+        sg.organize_draft_results(steps, tokens, [], 3)
+    with pytest.raises(
+        ValueError, match=r"parents_list\[0\]: expected 1 rows \(the batch of score_list"
+    ):
+        sg.organize_draft_results(steps, tokens, [np.zeros((2, 3)), parents[1]], 3)
+
+
 def test_counts_batches_and_buffers_are_checked_by_name():
     pl = [[-1, 0, 1], [-1, 0, 1]]
     sel = [[0, 1], [0, 1]]
@@ -549,3 +606,9 @@ def test_verify_bad_input():
         sg.verify_tree_greedy(ro, *good[1:], cand, ri, nt, ns, tgt)
     with pytest.raises(ValueError, match="target_predict"):
         sg.verify_tree_greedy(*good, cand, ri, nt, ns, np.array([7, 0]))
+    # Requests without a root: named, not an out-of-bounds read of node 0 (a panic).
+    empty = np.zeros((1, 0), np.int64)
+    with pytest.raises(ValueError, match=r"candidates: expected shape \(1, N\) with N >= 1"):
+        sg.verify_tree_greedy(
+            np.zeros(0, np.int32), good[1], good[2], empty, empty, empty, empty, np.zeros(0, np.int64)
+        )

@@ -16,7 +16,7 @@ import operator
 import sys
 from collections.abc import Sequence
 from enum import IntEnum
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -65,17 +65,22 @@ def _host(x: Any, arg: str) -> np.ndarray:
     return np.asarray(x)
 
 
-def _count(value: Any, arg: str) -> int:
-    """A count argument (`topk`, `spec_steps`, `num_draft_token`, ...) as an int >= 1."""
+def _int(value: Any, arg: str, low: int) -> int:
+    """An int scalar argument (not a bool, float or string) >= `low`, named when it is not."""
     if isinstance(value, bool):
         raise TypeError(f"{arg}: expected an int, got bool")
     try:
         n = operator.index(value)
     except TypeError:
         raise TypeError(f"{arg}: expected an int, got {type(value).__name__}") from None
-    if n < 1:
-        raise ValueError(f"{arg}: must be >= 1, got {n}")
+    if n < low:
+        raise ValueError(f"{arg}: must be >= {low}, got {n}")
     return n
+
+
+def _count(value: Any, arg: str) -> int:
+    """A count argument (`topk`, `spec_steps`, `num_draft_token`, ...) as an int >= 1."""
+    return _int(value, arg, 1)
 
 
 def _rows(arrays: list[np.ndarray], arg: str, bs: int) -> None:
@@ -83,7 +88,7 @@ def _rows(arrays: list[np.ndarray], arg: str, bs: int) -> None:
     for i, a in enumerate(arrays):
         if a.ndim == 0 or a.shape[0] != bs:
             raise ValueError(
-                f"{arg}[{i}]: expected {bs} rows (the batch of {arg}[0]), got shape {a.shape}"
+                f"{arg}[{i}]: expected {bs} rows (the batch of score_list[0]), got shape {a.shape}"
             )
 
 
@@ -108,10 +113,10 @@ def organize_draft_results(
     candidates by score (ties to the lower pool index, i.e. the shallower), sorted by pool
     index; NaN scores are a ValueError naming the request and candidate.
     """
-    if len(score_list) == 0 or len(token_list) != len(score_list):
+    if len(score_list) == 0 or not len(token_list) == len(parents_list) == len(score_list):
         raise ValueError(
-            "score_list / token_list: expected the same non-zero number of draft steps, "
-            f"got {len(score_list)} and {len(token_list)}"
+            "score_list / token_list / parents_list: expected the same non-zero number of "
+            f"draft steps, got {len(score_list)}, {len(token_list)} and {len(parents_list)}"
         )
     torch_in = _is_torch(score_list[0])
     n = _count(num_draft_token, "num_draft_token")
@@ -139,12 +144,19 @@ def organize_draft_results(
     )
 
 
-def _mask_out(mode: int, needed: int, n: int, buf: Any) -> tuple[np.ndarray, np.ndarray | None]:
-    """`(kernel view, whole buffer)`: the first `needed` entries are the kernel's; the rest of a
-    caller's buffer is filled as SGLang fills it (True, or 0 for bit-packed)."""
+class _MaskOut(NamedTuple):
+    kernel: np.ndarray  # the first `needed` entries: what the kernel writes
+    whole: np.ndarray | None  # the caller's buffer, if one was given
+    tail: np.ndarray | None  # the caller's entries past `needed`, filled after the kernel
+    fill: Any  # what SGLang leaves in the tail (True, or 0 for bit-packed)
+
+
+def _mask_out(mode: int, needed: int, n: int, buf: Any) -> _MaskOut:
+    """The mask the kernel writes: a new array, or the first `needed` entries of the caller's
+    `tree_mask_buf`, whose rest is filled as SGLang fills it once the kernel has run."""
     dtype: type[np.generic]
     if buf is None and mode != TreeMaskMode.QLEN_ONLY_BITPACKING:
-        return np.empty(needed, dtype=np.bool_), None
+        return _MaskOut(np.empty(needed, dtype=np.bool_), None, None, None)
     if mode == TreeMaskMode.QLEN_ONLY_BITPACKING:
         try:
             dtype = _PACKED_DTYPES[int(np.ceil(np.log2((n + 7) // 8)))]
@@ -156,7 +168,7 @@ def _mask_out(mode: int, needed: int, n: int, buf: Any) -> tuple[np.ndarray, np.
     else:
         dtype, fill = np.bool_, True
     if buf is None:
-        return np.empty(needed, dtype=dtype), None
+        return _MaskOut(np.empty(needed, dtype=dtype), None, None, None)
     whole = _host(buf, "tree_mask_buf")
     if whole.dtype != dtype:
         raise TypeError(
@@ -167,13 +179,22 @@ def _mask_out(mode: int, needed: int, n: int, buf: Any) -> tuple[np.ndarray, np.
         raise ValueError("tree_mask_buf: must be contiguous (it is filled in place)")
     if whole.size == needed:
         # The kernel takes any contiguous shape: no flattened view to build.
-        return whole, whole
+        return _MaskOut(whole, whole, None, None)
     flat = whole.reshape(-1)
     if flat.size < needed:
         raise ValueError(f"tree_mask_buf: needs at least {needed} entries, has {flat.size}")
-    if flat.size > needed:
-        flat[needed:] = fill
-    return flat[:needed], whole
+    return _MaskOut(flat[:needed], whole, flat[needed:], fill)
+
+
+def _check_tail_disjoint(tail: np.ndarray, args: dict[str, np.ndarray]) -> None:
+    """The binding refuses arguments that may share memory with the kernel's part of
+    `tree_mask_buf`; the rest of the buffer, which the wrapper fills, must not hold any
+    either (address ranges, as `numpy.may_share_memory` compares them)."""
+    for name, x in args.items():
+        if np.may_share_memory(tail, x):
+            raise ValueError(
+                f"tree_mask_buf and {name}: may share memory (tree_mask_buf is written in place)"
+            )
 
 
 def build_tree_kernel_efficient(
@@ -199,7 +220,7 @@ def build_tree_kernel_efficient(
     `[bs, N]`; draft_tokens `[bs*N]` = verified_id then the selected tokens, per request.
     """
     torch_in = _is_torch(seq_lens)
-    mode = int(tree_mask_mode)
+    mode = _int(tree_mask_mode, "tree_mask_mode", 0)
     if mode not in (0, 1, 2):
         raise ValueError(
             f"tree_mask_mode: expected 0 (FULL_MASK), 1 (QLEN_ONLY) or 2 "
@@ -212,7 +233,7 @@ def build_tree_kernel_efficient(
         raise ValueError(f"seq_lens: expected a 1-D array [bs], got shape {seq.shape}")
     vid = _host(verified_id, "verified_id")
     drafts = _host(draft_tokens, "draft_tokens")
-    bs, total_seq = seq.shape[0], operator.index(seq_lens_sum)
+    bs, total_seq = seq.shape[0], _int(seq_lens_sum, "seq_lens_sum", 0)
     if vid.shape != (bs,) or drafts.shape != (bs, n - 1):
         raise ValueError(
             f"verified_id / draft_tokens: expected shapes ({bs},) and ({bs}, {n - 1}), "
@@ -222,12 +243,19 @@ def build_tree_kernel_efficient(
     # are the same when the call is valid, so a wrong seq_lens_sum is Rust's ValueError (it
     # checks one against the other) rather than a huge allocation first.
     if mode == TreeMaskMode.FULL_MASK:
-        needed = max(int(seq.sum()), 0) * n + bs * n * n
+        # Checked here, before the mask sized from them is allocated (Rust checks them too).
+        if seq.dtype.kind in "iu" and (seq < 0).any():
+            b = int(np.argmax(seq < 0))
+            raise ValueError(f"seq_lens: seq_lens[{b}] = {seq[b]}, expected >= 0")
+        needed = sum(int(s) for s in seq.tolist()) * n + bs * n * n
+        if needed > np.iinfo(np.intp).max:
+            raise ValueError("seq_lens: the FULL mask of these lengths does not fit in memory")
     elif mode == TreeMaskMode.QLEN_ONLY:
         needed = bs * n * n
     else:
         needed = bs * n
-    mask, mask_whole = _mask_out(mode, needed, n, tree_mask_buf)
+    mask_out = _mask_out(mode, needed, n, tree_mask_buf)
+    mask, mask_whole = mask_out.kernel, mask_out.whole
     if position_buf is None:
         positions_whole = None
         positions = np.empty(bs * n, dtype=np.int64)
@@ -257,9 +285,25 @@ def build_tree_kernel_efficient(
         else [np.empty((0, n), dtype=np.int64) for _ in range(count)]
     )
     r_index, r_next, r_sibling = outs[0], outs[1], outs[2]
-    _core.sglang_build_tree(
+    parents, selected = (
         _host(parent_list, "parent_list"),
         _host(top_scores_index, "top_scores_index"),
+    )
+    if mask_out.tail is not None:
+        _check_tail_disjoint(
+            mask_out.tail,
+            {
+                "parent_list": parents,
+                "top_scores_index": selected,
+                "seq_lens": seq,
+                "verified_id": vid,
+                "draft_tokens": drafts,
+                "position_buf": positions,
+            },
+        )
+    _core.sglang_build_tree(
+        parents,
+        selected,
         seq,
         total_seq,
         mask,
@@ -273,6 +317,8 @@ def build_tree_kernel_efficient(
         int(mode),
         (vid, drafts, outs[3]) if tokens_in_rust else None,
     )
+    if mask_out.tail is not None:
+        mask_out.tail[...] = mask_out.fill
     tokens = outs[3] if tokens_in_rust else np.concatenate((vid[:, None], drafts), axis=1)
     if torch_in:
         return (

@@ -1001,6 +1001,13 @@ pub fn verify_tree_greedy(
     if bs == 0 {
         return Ok(());
     }
+    if n == 0 {
+        // Every request's walk starts at its root, node 0.
+        return Err(Error::value(
+            "candidates",
+            format!("expected shape ({bs}, N) with N >= 1 (the root), got ({bs}, 0)"),
+        ));
+    }
     if accept_index.is_empty() || !accept_index.len().is_multiple_of(bs) {
         return Err(Error::value(
             "accept_index",
