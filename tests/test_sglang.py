@@ -462,8 +462,9 @@ def test_a_longer_mask_buffer_is_filled_only_after_the_kernel_and_never_over_an_
               seq_lens=np.array([3]), seq_lens_sum=3, tree_mask_mode=sg.TreeMaskMode.QLEN_ONLY,
               tree_mask_buf=buf)  # fmt: skip
     assert not buf[25:].any()
+    qlen = sg.TreeMaskMode.QLEN_ONLY
     out = build(pl, np.array([[0, 1, 2, 3]]), n=5, topk=4, steps=1, seq_lens=np.array([3]),
-                seq_lens_sum=3, tree_mask_mode=sg.TreeMaskMode.QLEN_ONLY, tree_mask_buf=buf)  # fmt: skip
+                seq_lens_sum=3, tree_mask_mode=qlen, tree_mask_buf=buf)  # fmt: skip
     assert out[0] is buf and buf[25:].all()
 
 
@@ -609,6 +610,5 @@ def test_verify_bad_input():
     # Requests without a root: named, not an out-of-bounds read of node 0 (a panic).
     empty = np.zeros((1, 0), np.int64)
     with pytest.raises(ValueError, match=r"candidates: expected shape \(1, N\) with N >= 1"):
-        sg.verify_tree_greedy(
-            np.zeros(0, np.int32), good[1], good[2], empty, empty, empty, empty, np.zeros(0, np.int64)
-        )
+        none = np.zeros(0, np.int64)
+        sg.verify_tree_greedy(np.zeros(0, np.int32), *good[1:], empty, empty, empty, empty, none)

@@ -634,7 +634,7 @@ def test_bools_among_ints_are_a_type_error() -> None:
     with pytest.raises(TypeError, match=r"^parents\[1\]\[0\]"):
         ss.TreeBatch.from_flat([[-1], [False]], [1, 2], [0, 2])
     # An all-bool list stays a bool array: refused for its dtype, named.
-    with pytest.raises(TypeError, match="^parents: expected an integer array"):
+    with pytest.raises(TypeError, match=r"^parents: expected an integer array"):
         ss.Tree([True, False], [1, 2])
 
 
