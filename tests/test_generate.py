@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import pytest
 import specsched as ss
+from specsched import reference as ref
 from specsched.drafting import NgramChainDrafter, SuffixTreeDrafter
 from specsched.generate import Generation, TargetStep, generate, root_only
 from specsched.testing import (
@@ -656,6 +657,57 @@ def test_kv_cache_after_compaction_equals_autoregressive(seed: int) -> None:
         got = spec_target.cache[:, :, b, :, :committed]
         want = ar_target.cache[:, :, b, :, :committed]
         torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-9)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_a_path_cut_at_eos_commits_only_the_emitted_tokens(
+    shipped: tuple[Any, Any], seed: int
+) -> None:
+    # The oracle drafts each request's true continuation, so EOS sits inside accepted paths:
+    # the target keeps the tokens up to the EOS (its lengths and cache as an autoregressive
+    # run's), not the accepted drafts after it.
+    model, _ = shipped
+    prompts = PROMPTS[:4]
+    free = generate(TinyTarget(model), None, prompts, 30).tokens
+    eos = next(t for t in free[1][5:] if t not in free[1][:5])
+    ar_target = TinyTarget(model)
+    ar = generate(ar_target, None, prompts, 30, eos_token_id=eos)
+    spec_target = TinyTarget(model)
+    spec = generate(spec_target, OracleDrafter(free, seed), prompts, 30, eos_token_id=eos)
+    assert spec.tokens == ar.tokens
+    assert len(ar.tokens[1]) < 30  # stopped on EOS
+    assert max(a for row in spec.accepted for a in row) >= 3  # paths deep enough to cut
+    assert spec_target.lengths.tolist() == ar_target.lengths.tolist()
+    for b, prompt in enumerate(prompts):
+        committed = len(prompt) + len(ar.tokens[b]) - 1
+        assert spec_target.lengths[b] == committed
+        got = spec_target.cache[:, :, b, :, :committed]
+        want = ar_target.cache[:, :, b, :, :committed]
+        torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-9)
+
+
+def test_truncated_result_matches_the_reference() -> None:
+    tree = ss.TreeBatch([ss.Tree.chain([1, 2, 3, 4]), ss.Tree.chain([5, 6]), ss.Tree.chain([7])])
+    result = ss.verify(tree, target_tokens=[2, 3, 4, 9, 6, 8, 0])
+    assert isinstance(result, ss.BatchVerifyResult)
+    keep = [2, 1, 1]
+    got = result.truncate(np.array(keep, dtype=np.int32))
+    want = ref.truncate_batch_result(
+        result.num_accepted.tolist(),
+        result.accepted_nodes.tolist(),
+        result.tokens.tolist(),
+        keep,
+    )
+    assert (got.num_accepted.tolist(), got.accepted_nodes.tolist(), got.tokens.tolist()) == want
+    assert got.tokens.tolist()[0] == [2, 3, -1, -1]  # the last kept token is the bonus
+    assert result.num_accepted.tolist() == [3, 1, 0]  # the result itself is unchanged
+    for bad in ([0, 1, 1], [5, 1, 1], [1, 1]):
+        with pytest.raises(ValueError, match="keep"):
+            result.truncate(bad)
+        with pytest.raises(ValueError, match="keep"):
+            ref.truncate_batch_result([3, 1, 0], [[0] * 4] * 3, [[0] * 4] * 3, bad)
+    with pytest.raises(TypeError, match="keep"):
+        result.truncate([1.0, 1.0, 1.0])
 
 
 def test_cold_calls_script_times_every_loop_call() -> None:

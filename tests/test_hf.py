@@ -154,6 +154,22 @@ def test_greedy_speculative_equals_autoregressive_equals_hf(model: Any, batch: i
         assert_same_committed_kv(target, ar_target, prompts, ar.tokens)
 
 
+def test_a_path_cut_at_eos_commits_only_the_emitted_tokens(model: Any) -> None:
+    # The oracle drafts the true continuation, so an EOS inside an accepted path cuts it:
+    # the cache keeps the tokens up to the EOS, as HF's own loop would (docs/api.md).
+    free = generate(HFTarget(model), None, PROMPTS, NEW).tokens
+    eos = next(t for t in free[0][4:] if t not in free[0][:4])
+    ar_target = HFTarget(model)
+    ar = generate(ar_target, None, PROMPTS, NEW, eos_token_id=eos)
+    assert len(ar.tokens[0]) < NEW
+    spec_target = HFTarget(model)
+    drafter = OracleDrafter(free, seed=3, vocab=VOCAB)
+    spec = generate(spec_target, drafter, PROMPTS, NEW, eos_token_id=eos)
+    assert spec.tokens == ar.tokens
+    assert spec_target.lengths.tolist() == ar_target.lengths.tolist()
+    assert_same_committed_kv(spec_target, ar_target, PROMPTS, ar.tokens)
+
+
 def test_layout_and_features() -> None:
     model = llama("sdpa")
     target = HFTarget(model)

@@ -248,6 +248,9 @@ class BatchVerifyResult:
         """int64 `[B+1]` offsets of the verified batch."""
     def __len__(self) -> int: ...
     def __getitem__(self, index: int, /) -> VerifyResult: ...
+    def truncate(self, keep: npt.ArrayLike) -> BatchVerifyResult:
+        """The result as if each row had stopped after its first `keep[b]` tokens (a path cut
+        at EOS): `keep[b]` in `1..=num_accepted[b] + 1`; the last kept token is the bonus."""
     def to_sglang(
         self,
     ) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.int32], npt.NDArray[np.int32]]:

@@ -64,7 +64,8 @@ class TargetModel(Protocol):
 
     def accept(self, result: BatchVerifyResult) -> None:
         """Keeps each row's accepted path (`result.accepted_nodes`) at `L_b + 0..k_b`, then
-        `L_b += k_b + 1`."""
+        `L_b += k_b + 1`. A row that EOS or the length limit ended inside its path arrives cut
+        there (`BatchVerifyResult.truncate`): the cache keeps only tokens the row emitted."""
         ...
 
     # Optional: `synchronize`, a callable waiting for the work the target queued on its device
@@ -382,21 +383,14 @@ def generate(
             )
             assert isinstance(result, BatchVerifyResult)
             t3 = clock()
-            target.accept(result)
-            if sync is not None:
-                sync()
-            t4 = clock()
-            out.draft_s += t1 - t0
-            out.target_s += t2 - t1
-            out.verify_s += t3 - t2
-            out.kv_s += t4 - t3
-            out.step_nodes.append(int(trees.num_nodes))
 
+            # The loop's bookkeeping, outside every timer: the tokens each row emits, its
+            # accepted path and bonus cut after EOS (0 for a row that had finished).
             num_accepted = result.num_accepted
             emitted = result.tokens
-            # Tokens each row committed: its accepted path and bonus, cut after EOS (0 when done).
             kept = np.zeros(n, dtype=np.int64)
             finished: list[int] = []
+            cut = False
             for b in rows:
                 k = int(num_accepted[b])
                 out.forwards[b] += 1
@@ -405,16 +399,33 @@ def generate(
                 if _emit(out, b, emitted[b, : k + 1], max_new_tokens, eos_token_id, active):
                     finished.append(b)
                 kept[b] = len(row) - before
+                cut |= bool(kept[b] <= k)
                 # Drafts the row emitted: a path cut at EOS or at the length limit keeps fewer
                 # than the verifier accepted, and the tokens past the cut never existed.
                 out.accepted[b].append(min(k, int(kept[b])))
                 # The next root is the last token emitted (the bonus, or the EOS a cut path
                 # ended on), which a drafter sees as its request's last token.
                 roots[b] = row[-1]
+
+            t4 = clock()
+            # The target keeps what the row emitted, as an autoregressive run would have: a
+            # path cut after EOS commits its tokens up to the EOS, not the accepted drafts
+            # past it (a retired row's root-only result stands as it is).
+            target.accept(
+                result.truncate(np.where(kept > 0, kept, num_accepted + 1)) if cut else result
+            )
+            if sync is not None:
+                sync()
+            t5 = clock()
+            out.draft_s += t1 - t0
+            out.target_s += t2 - t1
+            out.verify_s += t3 - t2
+            out.kv_s += t5 - t4
+            out.step_nodes.append(int(trees.num_nodes))
             if drafter is not None:
-                t5 = clock()
+                t6 = clock()
                 drafter.commit(trees, result, step, kept)
-                out.draft_s += clock() - t5
+                out.draft_s += clock() - t6
             if finished and retire is not None and active.any():
                 retire(np.array(finished, dtype=np.int64))
 

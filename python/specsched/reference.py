@@ -608,6 +608,30 @@ def batch_verify_walk(
     return num_acc, acc_out, tok_out
 
 
+def truncate_batch_result(
+    num_accepted: Sequence[int],
+    accepted_nodes_padded: Sequence[Sequence[int]],
+    tokens_padded: Sequence[Sequence[int]],
+    keep: Sequence[int],
+) -> tuple[list[int], list[list[int]], list[list[int]]]:
+    """A batch result as if row b's walk had stopped after its first ``keep[b]`` tokens (a
+    path cut at EOS): the first ``keep[b]`` accepted nodes and tokens (the last kept token is
+    the bonus), -1 past them, ``num_accepted = keep[b] - 1``."""
+    if len(keep) != len(num_accepted):
+        raise ValueError(f"keep: expected {len(num_accepted)} entries, got {len(keep)}")
+    num: list[int] = []
+    acc: list[list[int]] = []
+    tok: list[list[int]] = []
+    for b, n in enumerate(keep):
+        if not 1 <= n <= num_accepted[b] + 1:
+            raise ValueError(f"keep[{b}] = {n}, expected 1..={num_accepted[b] + 1}")
+        width = len(accepted_nodes_padded[b])
+        num.append(n - 1)
+        acc.append(list(accepted_nodes_padded[b][:n]) + [-1] * (width - n))
+        tok.append(list(tokens_padded[b][:n]) + [-1] * (width - n))
+    return num, acc, tok
+
+
 def sglang_outputs(
     offsets: Sequence[int],
     accepted_nodes_padded: Sequence[Sequence[int]],

@@ -118,6 +118,41 @@ impl BatchVerified {
     pub fn accepted_row(&self, b: usize) -> &[i32] {
         &self.accepted_nodes[b * self.width..(b + 1) * self.width]
     }
+
+    /// The result as if each row's walk had stopped after its first `keep[b]` tokens (a path
+    /// cut at EOS): its first `keep[b]` accepted nodes are kept, the last of the kept tokens
+    /// becomes the row's bonus (`num_accepted = keep[b] - 1`) and the rest is padding. Each
+    /// `keep[b]` is in `1..=num_accepted[b] + 1`; a KV commit of the cut result keeps exactly
+    /// the tokens before the row's last emitted one, as an autoregressive run would.
+    pub fn truncate(&self, keep: &[i64]) -> Result<BatchVerified> {
+        let b = self.num_trees();
+        if keep.len() != b {
+            return Err(Error::value(
+                "keep",
+                format!("expected {b} entries (one per request), got {}", keep.len()),
+            ));
+        }
+        let mut out = self.clone();
+        for (r, &n) in keep.iter().enumerate() {
+            let k = i64::from(self.num_accepted[r]);
+            if !(1..=k + 1).contains(&n) {
+                return Err(Error::value(
+                    "keep",
+                    format!(
+                        "keep[{r}] = {n}, expected 1..={} (the row's path and bonus)",
+                        k + 1
+                    ),
+                ));
+            }
+            let row = r * self.width;
+            // `n <= k + 1 <= width`: in the row.
+            let n = n as usize;
+            out.accepted_nodes[row + n..row + self.width].fill(-1);
+            out.tokens[row + n..row + self.width].fill(-1);
+            out.num_accepted[r] = n as i32 - 1;
+        }
+        Ok(out)
+    }
 }
 
 /// One request's output row: accepted nodes, emitted tokens, accepted count.
@@ -786,6 +821,15 @@ mod tests {
         assert_eq!(idx, [0, -1, -1, 2, 3, 4]);
         assert_eq!(len, [0, 2]);
         assert!(choice_from_tokens(ArrayView1::from(&target), None, None, 4).is_err());
+        // Cut after EOS: row 1 keeps its root and first draft, whose token ends the row.
+        let cut = r.truncate(&[1, 2]).unwrap();
+        assert_eq!(cut.num_accepted, [0, 1]);
+        assert_eq!(cut.accepted_nodes, [0, -1, -1, 0, 1, -1]);
+        assert_eq!(cut.tokens, [4, -1, -1, 5, 6, -1]);
+        assert_eq!(r.truncate(&[1, 3]).unwrap(), r);
+        for bad in [&[1i64, 4][..], &[0, 1], &[1]] {
+            assert!(r.truncate(bad).unwrap_err().to_string().contains("keep"));
+        }
     }
     /// Index drawn from `q` with uniform `u` (inverse CDF).
     fn draw(q: &[f64], u: f64) -> usize {
