@@ -77,6 +77,15 @@ def test_replay_bad_input() -> None:
         sim.replay([], "ngram", 4)
     with pytest.raises(ValueError, match=r"workload\[0\]"):
         sim.replay([([], [1])], "ngram", 4)
+    for drafter in ("ngram", "suffix-tree"):
+        # A negative continuation token matched no draft and committed nothing: the replay
+        # never advanced (a hang). Every token id is checked first, named.
+        with pytest.raises(ValueError, match=r"workload\[1\] continuation\[1\]: token id -1"):
+            sim.replay([([1], [2]), ([1, 2, 3], [4, -1, 5])], drafter, 4)
+        with pytest.raises(ValueError, match=r"workload\[0\] prompt\[0\]: token id 2147483648"):
+            sim.replay([([2**31], [1])], drafter, 4)
+        with pytest.raises(TypeError, match=r"workload\[0\] continuation: expected int token"):
+            sim.replay([([1], [4, 5.5])], drafter, 4)
     with pytest.raises(ValueError, match="kind"):
         sim.stdlib_workload("poems")
     with pytest.raises(ValueError, match="max_len: must be >= 2"):

@@ -24,7 +24,7 @@ from typing import Literal
 
 import numpy as np
 
-from specsched._core import NgramDrafter, SuffixDrafter, Tree, VerifyResult
+from specsched._core import MAX_TOKEN_ID, NgramDrafter, SuffixDrafter, Tree, VerifyResult
 from specsched._verify import verify
 
 DrafterName = Literal["suffix-tree", "suffix-chain", "ngram"]
@@ -94,6 +94,22 @@ def _check(workload: Sequence[Request], budget: int, drafter: str) -> None:
             raise ValueError(f"workload[{i}]: empty prompt (a draft's root is a context token)")
         if len(cont) == 0:
             raise ValueError(f"workload[{i}]: empty continuation")
+        _check_tokens(prompt, f"workload[{i}] prompt")
+        _check_tokens(cont, f"workload[{i}] continuation")
+
+
+def _check_tokens(tokens: Sequence[int], what: str) -> None:
+    """Token ids are ints in `0..=MAX_TOKEN_ID` (a negative continuation token would match no
+    draft and commit nothing: the replay would never advance)."""
+    arr = np.asarray(tokens)
+    if arr.ndim != 1:
+        raise ValueError(f"{what}: expected a 1-D sequence of token ids, got shape {arr.shape}")
+    if arr.dtype.kind not in "iu":
+        raise TypeError(f"{what}: expected int token ids, got {arr.dtype}")
+    bad = np.flatnonzero((arr < 0) | (arr > MAX_TOKEN_ID))
+    if bad.size:
+        j = int(bad[0])
+        raise ValueError(f"{what}[{j}]: token id {arr[j]} is outside [0, {MAX_TOKEN_ID}]")
 
 
 def replay(
