@@ -301,6 +301,21 @@ def test_bad_arguments() -> None:
         generate(target, None, [[0, 1], [1, 2.5]], 3)
     with pytest.raises(ValueError, match=r"input_ids\[0\]: negative token id -1"):
         generate(target, None, [[0, -1]], 3)
+    # The loop's scalars, each named (numpy's own messages named none of them).
+    for kw, exc, match in [
+        ({"seed": -1}, ValueError, r"seed: expected an int in \[0, 2\*\*64\)"),
+        ({"seed": 2**64}, ValueError, "seed: expected an int in"),
+        ({"seed": "x"}, TypeError, "seed: expected an int, got str"),
+        ({"seed": [1, 2]}, TypeError, "seed: expected an int, got list"),
+        ({"seed": True}, TypeError, "seed: expected an int, got bool"),
+        ({"temperature": np.array([0.5, 1.0])}, TypeError, "temperature: expected a float"),
+        ({"temperature": None}, TypeError, "temperature: expected a float"),
+        ({"eos_token_id": "a"}, TypeError, "eos_token_id: expected an int, got str"),
+        ({"eos_token_id": [1, 2.5]}, TypeError, r"eos_token_id\[1\]: expected an int"),
+        ({"eos_token_id": -5}, ValueError, "eos_token_id: -5 is outside"),
+    ]:
+        with pytest.raises(exc, match=match):
+            generate(target, None, [[0, 1]], 3, **kw)
 
     class WrongRoot(ToyDrafter):
         def propose(self, roots: np.ndarray, active: np.ndarray) -> ss.TreeBatch:
@@ -308,6 +323,21 @@ def test_bad_arguments() -> None:
 
     with pytest.raises(ValueError, match="root"):
         generate(target, WrongRoot(toy_models(vocab=4).draft_logits), [[0, 1]], 3)
+
+
+def test_any_of_several_eos_ids_stops_a_request() -> None:
+    # HF generation configs give a list of end tokens (Llama 3: [128001, 128009]).
+    models = toy_models(vocab=6, seed=2, mismatch=0.3)
+    free = generate(ToyTarget(models.target_logits), None, [[0, 1], [2, 3]], 12).tokens
+    eos = [free[0][4], free[1][6]]
+    for drafter in (None, ToyDrafter(models.draft_logits)):
+        got = generate(ToyTarget(models.target_logits), drafter, [[0, 1], [2, 3]], 12,
+                       eos_token_id=eos).tokens  # fmt: skip
+        for row, want in zip(got, free, strict=True):
+            stop = next(j for j, t in enumerate(want) if t in eos)
+            assert row == want[: stop + 1]
+        assert generate(ToyTarget(models.target_logits), drafter, [[0, 1], [2, 3]], 12,
+                        eos_token_id=tuple(eos)).tokens == got  # fmt: skip
 
 
 def test_generation_statistics() -> None:
@@ -481,6 +511,24 @@ def test_drafters_give_finished_rows_the_root_alone(shipped: tuple[Any, Any]) ->
             if size is not None:
                 assert (sizes[rows] == size).all()
             assert trees.tokens[trees.offsets[:-1]].tolist() == first.tolist()
+
+
+def test_head_drafter_arguments_are_checked_by_name(shipped: tuple[Any, Any]) -> None:
+    # Refused where they are given, not inside generate after the target's prefill (torch's
+    # "selected index k out of range", an IndexError from a negative headroom).
+    target, head = shipped
+    for make, exc, match in [
+        (lambda: EagleDrafter(target, head, topk=300), ValueError, "topk: 300 candidates"),
+        (lambda: EagleDrafter(target, head, topk=0), ValueError, "topk: expected >= 1"),
+        (lambda: EagleDrafter(target, head, depth=0), ValueError, "depth: expected >= 1"),
+        (lambda: EagleDrafter(target, head, budget=0), ValueError, "budget: expected >= 1"),
+        (lambda: EagleDrafter(target, head, headroom=-5), ValueError, "headroom: expected >= 0"),
+        (lambda: EagleDrafter(target, head, temperature=float("inf")), ValueError, "temperature"),
+        (lambda: EagleChainDrafter(target, head, depth=2.5), TypeError, "depth: expected an int"),
+        (lambda: EagleStaticDrafter(target, head, [(300,)]), ValueError, "choices: rank 300"),
+    ]:
+        with pytest.raises(exc, match=match):
+            make()
 
 
 def test_head_drafters_need_the_targets_features(shipped: tuple[Any, Any]) -> None:

@@ -231,6 +231,45 @@ def _step_seed(seed: int | None, step: int) -> int | None:
     return int(np.random.SeedSequence([seed, step]).generate_state(1, np.uint64)[0])
 
 
+def _int_scalar(value: Any, arg: str) -> int:
+    """A Python or numpy int (not a bool), named when it is not one."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{arg}: expected an int, got {type(value).__name__}")
+    return int(value)
+
+
+def _check_eos(eos_token_id: Any, vocab_size: int | None) -> frozenset[int]:
+    """The ids a request stops on: one int, or a sequence of them (HF's `eos_token_id` is a
+    list for models with several end tokens)."""
+    if eos_token_id is None:
+        return frozenset()
+    ids = eos_token_id if isinstance(eos_token_id, (list, tuple)) else [eos_token_id]
+    out = set()
+    for j, x in enumerate(ids):
+        arg = "eos_token_id" if ids is not eos_token_id else f"eos_token_id[{j}]"
+        tok = _int_scalar(x, arg)
+        if tok < 0 or (vocab_size is not None and tok >= vocab_size):
+            span = "[0, ∞)" if vocab_size is None else f"the target's vocabulary [0, {vocab_size})"
+            raise ValueError(f"{arg}: {tok} is outside {span}: no token would match it")
+        out.add(tok)
+    return frozenset(out)
+
+
+def _check_sampling(temperature: Any, seed: Any) -> float:
+    """`temperature` as a float (one for every request) and `seed` as None or an int in
+    `[0, 2**64)`, each named when it is not."""
+    if isinstance(temperature, (bool, np.bool_)) or not isinstance(
+        temperature, (int, float, np.integer, np.floating)
+    ):
+        kind = type(temperature).__name__
+        raise TypeError(f"temperature: expected a float (one for every request), got {kind}")
+    if seed is not None:
+        s = _int_scalar(seed, "seed")
+        if not 0 <= s < 1 << 64:
+            raise ValueError(f"seed: expected an int in [0, 2**64), got {s}")
+    return float(temperature)
+
+
 def _check_prompts(input_ids: Sequence[Sequence[int]], vocab_size: int | None) -> list[list[int]]:
     if isinstance(input_ids, (str, bytes)) or not isinstance(input_ids, Sequence):
         raise TypeError("input_ids: expected a sequence of token sequences")
@@ -270,14 +309,15 @@ def generate(
     top_k: int | None = None,
     top_p: float | None = None,
     seed: int | None = None,
-    eos_token_id: int | None = None,
+    eos_token_id: int | Sequence[int] | None = None,
 ) -> Generation:
     """Generates up to `max_new_tokens` tokens per prompt with tree speculative decoding.
 
     `drafter=None` decodes autoregressively through the same loop. `temperature=0` is greedy;
     otherwise each token is sampled from the target's distribution after `temperature`, `top_k`
-    and `top_p` (lossless; `seed` makes the run reproducible). A request stops after
-    `max_new_tokens` tokens or after emitting `eos_token_id`; tokens accepted past either are
+    and `top_p` (lossless; `seed`, an int in `[0, 2**64)`, makes the run reproducible). A
+    request stops after `max_new_tokens` tokens or after emitting `eos_token_id` (one id, or
+    a sequence of them, as HF's generation configs give it); tokens accepted past either are
     dropped. A request with `r` tokens left is verified only to depth `r - 1`. A finished
     request stays in the batch with root-only trees until every request is done (as HF's
     `generate` keeps finished rows): the target's batch never changes shape; a target with
@@ -287,7 +327,10 @@ def generate(
         raise TypeError(f"max_new_tokens: expected an int, got {type(max_new_tokens).__name__}")
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens: expected >= 1, got {max_new_tokens}")
-    prompts = _check_prompts(input_ids, getattr(target, "vocab_size", None))
+    vocab_size = getattr(target, "vocab_size", None)
+    prompts = _check_prompts(input_ids, vocab_size)
+    eos_ids = _check_eos(eos_token_id, vocab_size)
+    temperature = _check_sampling(temperature, seed)
     greedy = temperature == 0.0
     sampling: dict[str, Any] = (
         {} if greedy else {"temperature": temperature, "top_k": top_k, "top_p": top_p}
@@ -319,7 +362,7 @@ def generate(
     roots = np.array(first.tokens[:, 0], dtype=np.int64)
     active = np.ones(n, dtype=bool)
     for b in range(n):
-        _emit(out, b, roots[b : b + 1], max_new_tokens, eos_token_id, active)
+        _emit(out, b, roots[b : b + 1], max_new_tokens, eos_ids, active)
     if retire is not None and not active.all():
         retire(np.flatnonzero(~active))
 
@@ -396,7 +439,7 @@ def generate(
                 out.forwards[b] += 1
                 row = out.tokens[b]
                 before = len(row)
-                if _emit(out, b, emitted[b, : k + 1], max_new_tokens, eos_token_id, active):
+                if _emit(out, b, emitted[b, : k + 1], max_new_tokens, eos_ids, active):
                     finished.append(b)
                 kept[b] = len(row) - before
                 cut |= bool(kept[b] <= k)
@@ -462,7 +505,7 @@ def _emit(
     b: int,
     tokens: np.ndarray,
     max_new_tokens: int,
-    eos_token_id: int | None,
+    eos_ids: frozenset[int],
     active: np.ndarray,
 ) -> bool:
     """Appends request b's newly committed tokens, cut at EOS and at the length limit; True
@@ -470,7 +513,7 @@ def _emit(
     row = out.tokens[b]
     for tok in tokens.tolist():
         row.append(tok)
-        if tok == eos_token_id or len(row) >= max_new_tokens:
+        if tok in eos_ids or len(row) >= max_new_tokens:
             active[b] = False
             return True
     return False

@@ -32,14 +32,25 @@ from specsched.generate import TargetStep
 from specsched.models.tiny import EagleHead, TinyLM, cache_mask, grow_seq
 
 
+def _int_arg(value: Any, arg: str, low: int) -> int:
+    """An int constructor argument (not a bool) >= `low`, named when it is not one."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{arg}: expected an int, got {type(value).__name__}")
+    if value < low:
+        raise ValueError(f"{arg}: expected >= {low}, got {value}")
+    return int(value)
+
+
 class _HeadState:
     """The head's cache, committed lengths and pending (feature, next token) pairs."""
 
     def __init__(
         self, target: TinyLM, head: EagleHead, headroom: int, temperature: float = 1.0
     ) -> None:
-        if not temperature > 0:
-            raise ValueError(f"temperature: expected > 0, got {temperature}")
+        # Finite: at inf every candidate scores the same (uniform drafts, nothing ranked).
+        if not 0 < temperature < float("inf"):
+            raise ValueError(f"temperature: expected a finite value > 0, got {temperature}")
+        headroom = _int_arg(headroom, "headroom", 0)
         self.target, self.head, self.headroom = target, head, headroom
         self.temperature = temperature
         param = next(head.parameters())
@@ -205,7 +216,15 @@ class EagleDrafter(_HeadDrafter):
         temperature: float = 1.0,
         headroom: int = 512,
     ) -> None:
-        self.topk, self.depth, self.budget = topk, depth, budget
+        self.topk, self.depth, self.budget = (
+            _int_arg(topk, "topk", 1),
+            _int_arg(depth, "depth", 1),
+            _int_arg(budget, "budget", 1),
+        )
+        if topk > target.cfg.vocab_size:
+            raise ValueError(
+                f"topk: {topk} candidates from a vocabulary of {target.cfg.vocab_size}"
+            )
         self.state = _HeadState(target, head, headroom, temperature)
         self.builder: DynamicTreeBuilder | None = None
         self.io: _BuilderIO | None = None
@@ -309,8 +328,7 @@ class EagleChainDrafter(_HeadDrafter):
     def __init__(
         self, target: TinyLM, head: EagleHead, *, depth: int = 6, headroom: int = 512
     ) -> None:
-        if depth < 1:
-            raise ValueError(f"depth: expected >= 1, got {depth}")
+        depth = _int_arg(depth, "depth", 1)
         self.depth = depth
         self.state = _HeadState(target, head, headroom)
         self.parents = np.arange(-1, depth, dtype=np.int32)  # node i's parent is i - 1
@@ -359,6 +377,11 @@ class EagleStaticDrafter(_HeadDrafter):
         # Without tokens, a node's token is its rank among its siblings (its path's last
         # entry: a sparse choice list such as [(1,)] takes the head's second candidate).
         ranks = self.topology.tokens.astype(np.int64)
+        if ranks.size > 1 and ranks[1:].max() >= target.cfg.vocab_size:
+            raise ValueError(
+                f"choices: rank {ranks[1:].max()} needs more candidates than the vocabulary's "
+                f"{target.cfg.vocab_size}"
+            )
         self.parents = np.asarray(parents)
         # Per level t >= 1, fixed by the topology: its nodes, their parents, the distinct
         # parents (whose head outputs give the candidates), each node's slot among those
