@@ -210,6 +210,11 @@ def test_verify_walk_hand_cases():
     check_single(ss.verify(t, target_tokens=[5, 6, 6, 1]), [0, 1], [5, 6], 4)
     # single node tree: nothing to accept, the bonus is the root's choice
     check_single(ss.verify(ss.Tree([-1], [3]), target_tokens=[42]), [0], [42], 1)
+    # A negative target token matches no draft, even a negative draft token: the walk stops
+    # there with it as the bonus (docs/api.md; sim.replay's end-of-continuation marker).
+    t = ss.Tree([-1, 0, 1], [0, -1, 5])
+    check_single(ss.verify(t, target_tokens=[-1, 5, 0]), [0], [-1], 3)
+    assert ref.verify_walk([-1, 0, 1], [0, -1, 5], [-1, 5, 0]) == ([0], [-1])
 
 
 def test_verify_uint32_tokens_above_int32_range():

@@ -100,7 +100,7 @@ pub fn model_walk(parents: &[i32], tokens: &[i64], choice: &[i64]) -> (Vec<i32>,
         emitted.push(y);
         match model_children(parents, v)
             .into_iter()
-            .find(|&c| tokens[c] == y)
+            .find(|&c| y >= 0 && tokens[c] == y)
         {
             Some(c) => {
                 accepted.push(c as i32);

@@ -544,8 +544,9 @@ def _walk(
     parents: Sequence[int], tokens: Sequence[int], choice: Callable[[int], int]
 ) -> tuple[list[int], list[int]]:
     """The match walk: v = 0; y = choice(v); accept the first child c (by index) with
-    tokens[c] == y and repeat from c; else stop with bonus y. ``choice`` is called only on the
-    nodes the walk visits."""
+    tokens[c] == y and repeat from c; else stop with bonus y. A negative y matches no child
+    (the end marker of a known continuation). ``choice`` is called only on the nodes the walk
+    visits."""
     kids = _children(parents)
     v = 0
     accepted = [0]
@@ -555,7 +556,7 @@ def _walk(
         emitted.append(y)
         nxt = -1
         for c in kids[v]:
-            if tokens[c] == y:
+            if y >= 0 and tokens[c] == y:
                 nxt = c
                 break
         if nxt < 0:

@@ -36,15 +36,19 @@ pub fn walk<F>(
 where
     F: FnMut(usize) -> Result<i64>,
 {
-    // One token per node: accept the first child holding it, else it is the bonus.
+    // One token per node: accept the first child holding it, else it is the bonus. A
+    // negative choice matches no draft, even one whose token is negative (`sim.replay` marks
+    // the end of a known continuation with -1).
     walk_steps(
         tree,
         |v| {
             let y = choose(v)?;
-            Ok(match tree.children(v).find(|&c| tree.tokens[c] == y) {
-                Some(c) => Step::Accept(c),
-                None => Step::Stop(y),
-            })
+            Ok(
+                match tree.children(v).find(|&c| y >= 0 && tree.tokens[c] == y) {
+                    Some(c) => Step::Accept(c),
+                    None => Step::Stop(y),
+                },
+            )
         },
         accepted,
         emitted,
