@@ -485,6 +485,28 @@ def test_bad_input_names_the_argument():
 # ----------------------------------------------------------------------- torch device path
 
 
+def test_scalar_options_are_checked_and_shown_readably():
+    t = ss.Tree([-1, 0, 0], [0, 1, 2])
+    logits = np.zeros((3, 4))
+    for kw, exc, match in [
+        # Not an int at all: named as a type error (numpy made it a "0-D sequence").
+        ({"temperature": 1.0, "seed": object()}, TypeError, "seed: expected an int or a 1-D"),
+        # Negative posterior options are refused whatever the rule (NaN already was).
+        ({"posterior_threshold": -1.0}, ValueError, "posterior_threshold: expected a finite"),
+        ({"temperature": 1.0, "posterior_alpha": -5.0}, ValueError, "posterior_alpha"),
+        # Far from 1, a float is shown with an exponent, not hundreds of digits.
+        ({"temperature": -1e-300}, ValueError, r"^temperature: entry 0 is -1e-300; expected"),
+        ({"temperature": 1.0, "top_p": 1e300}, ValueError, r"^top_p: entry 0 is 1e300; expected"),
+    ]:
+        with pytest.raises(exc, match=match):
+            ss.verify(t, logits, **kw)
+    # A 0-d integer array is one seed; a top_k past int64 keeps every token (as a uint64 does).
+    one = ss.verify(t, logits, temperature=1.0, seed=np.array(3))
+    assert one.tokens.tolist() == ss.verify(t, logits, temperature=1.0, seed=3).tokens.tolist()
+    wide = ss.verify(t, logits, temperature=1.0, seed=3, top_k=2**64)
+    assert wide.tokens.tolist() == one.tokens.tolist()
+
+
 def test_device_uniform_equals_the_reference():
     torch = pytest.importorskip("torch")
     from specsched import _torch

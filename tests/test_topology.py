@@ -528,6 +528,9 @@ def test_dynamic_builder_bad_input():
         ValueError, match=r"prefix_lens: 18446744073709551616 does not fit in int64"
     ):
         b.start([1, 2], [[1, 2], [3, 4]], lp, prefix_lens=2**64)
+    # A numpy integer scalar past int64 is an int out of range too, not a wrong type.
+    with pytest.raises(ValueError, match=r"prefix_lens: 9223372036854775808 does not fit"):
+        b.start([1, 2], [[1, 2], [3, 4]], lp, prefix_lens=np.uint64(2**63))
     # Positions run to prefix + depth: one past int64 would wrap.
     big = np.array([0, 2**63 - 2], np.int64)
     with pytest.raises(ValueError, match=r"prefix_lens\[1\] = 9223372036854775806 \+ depth 2"):

@@ -258,6 +258,25 @@ def test_target_tokens_as_torch_tensors():
     assert rb.tokens.tolist() == [[11, 14, 77], [12, 3, -1]]
 
 
+def test_lazy_view_bits_on_host_tensors() -> None:
+    # A negated view (`x.conj().imag`) holds the negation of its storage: verify reads its
+    # values (materialised); compact_kv, which moves storage in place, refuses it by name.
+    z = torch.tensor([[1 - 2j, 3 + 1j, 0 - 4j]] * 3, dtype=torch.complex64)
+    neg = z.conj().imag  # [2, -1, 4] per row
+    assert neg.is_neg()
+    t = ss.Tree([-1, 0, 0], [0, 2, 5])
+    assert ss.verify(t, neg).tokens.tolist() == ss.verify(t, neg.clone()).tokens.tolist() == [2, 2]
+    r = ss.verify(ss.Tree(P5, T5), target_tokens=[11, 14, 0, 0, 77])
+    with pytest.raises(TypeError, match=r"^cache: a lazily negated view"):
+        ss.compact_kv(torch.zeros(8, 2, dtype=torch.complex64).conj().imag, r, 0, 0)
+    with pytest.raises(TypeError, match=r"^cache\[1\]: expected a dense"):
+        ss.compact_kv([torch.zeros(8, 2), torch.zeros(8, 2).to_sparse()], r, 0, 0)
+    # A conjugate view's storage is moved as it is (a move permutes stored values).
+    base = torch.arange(16.0).reshape(8, 2).to(torch.complex64)
+    ss.compact_kv(base.conj(), r, 1, 0)
+    assert base[3].tolist() == [10, 11] and base[2].tolist() == [4, 5]
+
+
 def test_bad_torch_logits():
     t = ss.Tree(P5, T5)
     for reduce in REDUCES:

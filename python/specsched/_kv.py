@@ -107,7 +107,7 @@ def _compact_all(
         if not _torch.is_tensor(c):
             host.append(c)
         elif c.device.type == "cpu":
-            host.append(_torch.raw_cpu_view(c))
+            host.append(_torch.raw_cpu_view(c, f"cache[{i}]" if listed else "cache"))
         else:
             _torch.check_has_data(c, "cache", i)
             devices.add(c.device)

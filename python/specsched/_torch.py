@@ -44,13 +44,19 @@ def cpu_view(t: torch.Tensor, arg: str = "logits") -> tuple[np.ndarray, str | No
 
     t = t.detach()
     if t.dtype == torch.bfloat16:
-        return t.view(torch.int16).numpy(), "bfloat16"
+        return t.resolve_neg().view(torch.int16).numpy(), "bfloat16"
     if not t.is_floating_point():
         raise TypeError(f"{arg}: expected a floating-point tensor, got {t.dtype}")
     try:
         return t.numpy(), None
     except TypeError as e:  # float8 and other formats numpy cannot hold
         raise TypeError(f"{arg}: unsupported dtype {t.dtype} ({e})") from None
+    except RuntimeError:
+        # A lazy negation (`x.conj().imag`): its values are the negated storage, so they are
+        # materialised (a copy; only then, the common case costs nothing).
+        if not t.is_neg():
+            raise
+        return t.resolve_neg().numpy(), None
 
 
 def host_view(t: torch.Tensor) -> Any:
@@ -80,11 +86,22 @@ def synchronizer(device: torch.device) -> Callable[[], None] | None:
     return partial(torch.cuda.synchronize, device)
 
 
-def raw_cpu_view(t: torch.Tensor) -> np.ndarray:
-    """A numpy view of any CPU tensor's bytes, for dtype-agnostic in-place moves."""
+def raw_cpu_view(t: torch.Tensor, arg: str = "cache") -> np.ndarray:
+    """A numpy view of any CPU tensor's bytes, for dtype-agnostic in-place moves. `arg`
+    names the tensor in errors (a strided layout numpy cannot view: sparse, nested)."""
     import torch
 
     t = t.detach()
+    if t.is_conj():
+        # Moves permute stored values: the storage's own view (conj of a conj view) will do.
+        t = t.conj()
+    if t.is_neg():
+        raise TypeError(
+            f"{arg}: a lazily negated view (negative bit set) has no storage of its values to "
+            "compact in place; pass the tensor it views"
+        )
+    if t.layout != torch.strided:
+        raise TypeError(f"{arg}: expected a dense (strided) tensor, got layout {t.layout}")
     try:
         return t.numpy()
     except TypeError:  # bfloat16, float8, ...: reinterpret as integers of the same width

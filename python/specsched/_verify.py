@@ -183,6 +183,17 @@ def _param(value: Any, name: str, default: float | int, integer: bool) -> np.nda
         value = default
     if _torch.is_tensor(value):
         value = _torch.host_array(value, name)
+    if integer:
+        # A Python int past int64 (numpy would make it an object array): any k that large
+        # keeps every token, as a uint64 one does below.
+        cap = np.iinfo(np.int64).max
+        if isinstance(value, int) and not isinstance(value, bool) and value > cap:
+            value = cap
+        elif isinstance(value, (list, tuple)):
+            value = [
+                cap if isinstance(x, int) and not isinstance(x, bool) and x > cap else x
+                for x in value
+            ]
     try:
         arr = np.asarray(value)
     except (TypeError, ValueError) as e:
@@ -217,8 +228,8 @@ def _check_options(
     ):
         if isinstance(x, bool) or not isinstance(x, (int, float, np.integer, np.floating)):
             raise TypeError(f"{name}: expected a float, got {type(x).__name__}")
-        if not math.isfinite(x):
-            raise ValueError(f"{name}: expected a finite number, got {x}")
+        if not (math.isfinite(x) and x >= 0):
+            raise ValueError(f"{name}: expected a finite value >= 0, got {x}")
     return _seed(seed)
 
 
@@ -239,6 +250,13 @@ def _seed(seed: Any) -> int | np.ndarray:
     items = seed if isinstance(seed, (list, tuple)) else None
     if items is None:
         array = np.asarray(_torch.host_array(seed, "seed"))
+        if array.ndim == 0:
+            if array.dtype.kind in "iu":
+                return _seed(int(array))  # a 0-d integer array or tensor: one seed
+            # numpy wraps any object (a torch.Generator, None-like values) as 0-d.
+            raise TypeError(
+                f"seed: expected an int or a 1-D integer sequence, got {type(seed).__name__}"
+            )
         if array.ndim != 1:
             raise ValueError(f"seed: per-request seeds must be a 1-D sequence, got {array.ndim}-D")
         if array.dtype.kind not in "iu":

@@ -49,3 +49,14 @@ impl Error {
 }
 
 pub type Result<T> = std::result::Result<T, Error>;
+
+/// A float as a message shows it: plainly in the usual range, in exponent form far from it
+/// (`Display` never uses an exponent: 1e300 would print as 301 digits).
+pub fn show_f64(x: f64) -> String {
+    let a = x.abs();
+    if a.is_finite() && a != 0.0 && !(1e-4..1e16).contains(&a) {
+        format!("{x:e}")
+    } else {
+        format!("{x}")
+    }
+}

@@ -553,7 +553,10 @@ impl SamplingParams {
         if !(temperature.is_finite() && temperature >= 0.0) {
             return Err(Error::value(
                 "temperature",
-                format!("entry {index} is {temperature}; expected a finite value >= 0"),
+                format!(
+                    "entry {index} is {}; expected a finite value >= 0",
+                    crate::error::show_f64(temperature)
+                ),
             ));
         }
         if top_k < 0 {
@@ -565,7 +568,10 @@ impl SamplingParams {
         if !(top_p > 0.0 && top_p <= 1.0) {
             return Err(Error::value(
                 "top_p",
-                format!("entry {index} is {top_p}; expected a value in (0, 1]"),
+                format!(
+                    "entry {index} is {}; expected a value in (0, 1]",
+                    crate::error::show_f64(top_p)
+                ),
             ));
         }
         Ok(SamplingParams {

@@ -347,6 +347,20 @@ pub fn scalar_int(obj: &Bound<'_, PyAny>) -> Option<i64> {
     obj.extract::<i64>().ok()
 }
 
+/// A dimensionless integer (a numpy scalar such as `np.uint64(2**63)`) past int64: an int
+/// out of range, not a wrong type.
+fn is_wide_int_scalar(obj: &Bound<'_, PyAny>) -> bool {
+    let py = obj.py();
+    let dimensionless = obj
+        .getattr(pyo3::intern!(py, "ndim"))
+        .is_ok_and(|n| n.extract::<usize>().ok() == Some(0));
+    dimensionless
+        && !obj.is_instance_of::<pyo3::types::PyBool>()
+        && obj
+            .call_method0(pyo3::intern!(py, "__index__"))
+            .is_ok_and(|i| i.extract::<i64>().is_err())
+}
+
 impl PerRequest {
     pub fn extract(obj: &Bound<'_, PyAny>, arg: &str) -> PyResult<PerRequest> {
         if obj.is_instance_of::<pyo3::types::PyBool>() {
@@ -357,7 +371,7 @@ impl PerRequest {
         if let Some(p) = scalar_int(obj) {
             return Ok(PerRequest::All(p));
         }
-        if obj.is_instance_of::<pyo3::types::PyInt>() {
+        if obj.is_instance_of::<pyo3::types::PyInt>() || is_wide_int_scalar(obj) {
             return Err(PyValueError::new_err(format!(
                 "{arg}: {obj} does not fit in int64"
             )));
