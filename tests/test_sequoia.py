@@ -155,6 +155,7 @@ def test_choose_tree_ties_equal_trees_summed_along_different_paths():
         (lambda: ss.choose_tree([0.5], 1.0, {4: 0.0}, 3), ValueError, r"t_verify\[4\]"),
         (lambda: ss.choose_tree([0.5], 1.0, {0: 1.0}, 3), ValueError, "t_verify"),
         (lambda: ss.choose_tree([0.5], 1.0, [(4, 1.0)], 3), TypeError, "t_verify"),
+        (lambda: ss.choose_tree([0.5], 1.0, {True: 1.0, 4: 1.2}, 3), TypeError, "key True"),
         (lambda: ss.choose_tree([0.5], 1.0, {4: 1.0}, 0), ValueError, "max_depth"),
         # Negative counts are the argument's ValueError, not PyO3's unnamed OverflowError.
         (lambda: ss.optimal_tree([0.5], -1), ValueError, "budget: must be >= 1, got -1"),

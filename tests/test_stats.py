@@ -111,6 +111,10 @@ def test_interval_holds_the_estimate_at_none_and_all_accepted():
         lo, hi = stats.confidence_interval(z=z)
         assert hi[0] == 1.0 and lo[1] == 0.0
         assert 0.0 < lo[0] < 1.0 and 0.0 < hi[1] < 1.0
+    # As z grows the interval tends to (0, 1); past z**2's float range it is that, not NaN.
+    for z in (1e150, 1e155, 1e300):
+        lo, hi = stats.confidence_interval(z=z)
+        assert lo.tolist() == [0.0, 0.0] and hi.tolist() == [1.0, 1.0], z
 
 
 def test_empty_stats_and_bad_input():
@@ -131,5 +135,14 @@ def test_empty_stats_and_bad_input():
     rb = ss.verify(ss.TreeBatch([tree, tree]), target_tokens=np.array([1, 0, 0, 2, 0, 0]))
     with pytest.raises(ValueError, match="different tree sizes"):
         stats.update(ss.TreeBatch([tree, other, tree]), rb)
+    # A result of another tree whose accepted path also exists here (same shape, other tokens).
+    chain_a, chain_b = ss.Tree([-1, 0, 0], [0, 5, 6]), ss.Tree([-1, 0, 0], [0, 7, 8])
+    rb1 = ss.verify(chain_b, target_tokens=np.array([7, 3, 3]))
+    with pytest.raises(ValueError, match=r"node 1 \(step 1\) holds token 5 in this tree"):
+        stats.update(chain_a, rb1)
+    both = ss.verify(ss.TreeBatch([chain_b, chain_b]), target_tokens=np.array([7, 3, 3, 0, 0, 0]))
+    with pytest.raises(ValueError, match=r"request 0: accepted node 1 \(step 1\) holds token 5"):
+        stats.update(ss.TreeBatch([chain_a, chain_a]), both)
+    assert stats.steps == 0 and stats.trials.shape == (0, 0)
     with pytest.raises(ValueError, match="z"):
         stats.confidence_interval(z=0.0)

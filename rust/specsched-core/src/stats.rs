@@ -25,8 +25,16 @@ impl AcceptanceStats {
         Self::default()
     }
 
-    /// Records one verified tree: `accepted` = `0, a1, ..., ak` (root first).
-    pub fn observe(&mut self, tree: TreeRef<'_>, accepted: &[i32], which: &str) -> Result<()> {
+    /// Records one verified tree: `accepted` = `0, a1, ..., ak` (root first) and `emitted`
+    /// its tokens (`a1`'s, ..., `ak`'s, then the bonus), which must be the tree's own: a result
+    /// of another tree whose path happens to exist here is refused, not counted.
+    pub fn observe(
+        &mut self,
+        tree: TreeRef<'_>,
+        accepted: &[i32],
+        emitted: &[i64],
+        which: &str,
+    ) -> Result<()> {
         if accepted.first() != Some(&0) {
             return Err(Error::value(
                 "result",
@@ -43,6 +51,17 @@ impl AcceptanceStats {
                     format!(
                         "{which}: accepted node {c} (step {j}) is not a child of node {v} in this \
                          tree; pass the tree that was verified"
+                    ),
+                ));
+            }
+            if emitted.get(j - 1) != Some(&tree.tokens[c as usize]) {
+                return Err(Error::value(
+                    "result",
+                    format!(
+                        "{which}: accepted node {c} (step {j}) holds token {} in this tree, but \
+                         the result emitted {:?}; pass the tree that was verified",
+                        tree.tokens[c as usize],
+                        emitted.get(j - 1)
                     ),
                 ));
             }
@@ -77,7 +96,8 @@ impl AcceptanceStats {
         for i in 0..batch.num_trees() {
             let k = r.num_accepted[i] as usize;
             let row = &r.accepted_row(i)[..k + 1];
-            next.observe(batch.tree(i), row, &format!("request {i}"))?;
+            let emitted = &r.tokens[i * r.width..i * r.width + k + 1];
+            next.observe(batch.tree(i), row, emitted, &format!("request {i}"))?;
         }
         *self = next;
         Ok(())
@@ -193,6 +213,10 @@ pub fn wilson(h: u64, t: u64, z: f64) -> (f64, f64) {
     let n = t as f64;
     let p = h as f64 / n;
     let z2 = z * z;
+    if !z2.is_finite() {
+        // The interval's limit as z grows (inf / inf below would be NaN).
+        return (0.0, 1.0);
+    }
     let denom = 1.0 + z2 / n;
     let centre = (p + z2 / (2.0 * n)) / denom;
     let half = z * (p * (1.0 - p) / n + z2 / (4.0 * n * n)).sqrt() / denom;
@@ -229,8 +253,9 @@ mod tests {
         // 0 -> {1, 2}; 2 -> {3, 4}
         let t = Tree::new(&[-1, 0, 0, 2, 2], &[0, 1, 2, 3, 4]).unwrap();
         let mut s = AcceptanceStats::new();
-        s.observe(t.view(), &[0, 2, 4], "result").unwrap();
-        s.observe(t.view(), &[0], "result").unwrap();
+        s.observe(t.view(), &[0, 2, 4], &[2, 4, 9], "result")
+            .unwrap();
+        s.observe(t.view(), &[0], &[7], "result").unwrap();
         assert_eq!(s.shape(), (2, 2));
         assert_eq!(s.trials(), [2, 2, 1, 1]);
         assert_eq!(s.hits(), [0, 1, 0, 1]);
@@ -238,7 +263,9 @@ mod tests {
         assert_eq!(s.mean_accepted(), 1.0);
         let (lo, hi) = s.confidence_interval(1.96).unwrap();
         assert!(lo[1] < 2.0 / 3.0 && 2.0 / 3.0 < hi[1]);
-        assert!(s.observe(t.view(), &[0, 3], "result").is_err());
+        assert!(s.observe(t.view(), &[0, 3], &[3, 1], "result").is_err());
+        // The path exists here, but its tokens are another tree's.
+        assert!(s.observe(t.view(), &[0, 2], &[5, 1], "result").is_err());
         assert_eq!(s.steps(), 2);
     }
 }

@@ -121,9 +121,14 @@ pub fn choose_tree<'py>(
     })?;
     let mut costs = Vec::with_capacity(d.len());
     for (k, v) in d.iter() {
+        // A bool is not a budget (PyO3 would read True as 1).
         let n: i64 = k
             .extract()
-            .map_err(|_| PyTypeError::new_err(format!("t_verify: key {k} is not an int budget")))?;
+            .ok()
+            .filter(|_| !k.is_instance_of::<pyo3::types::PyBool>())
+            .ok_or_else(|| {
+                PyTypeError::new_err(format!("t_verify: key {k} is not an int budget"))
+            })?;
         let t: f64 = v
             .extract()
             .map_err(|_| PyTypeError::new_err(format!("t_verify[{k}]: {v} is not a number")))?;

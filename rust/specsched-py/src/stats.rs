@@ -47,7 +47,7 @@ impl PyAcceptanceStats {
             }
             return self
                 .inner
-                .observe(t.view(), &r.accepted_nodes, "result")
+                .observe(t.view(), &r.accepted_nodes, &r.tokens, "result")
                 .py();
         }
         if let (Ok(b), Ok(r)) = (
