@@ -99,6 +99,23 @@ def test_top_n_bad_input(parents, scores, budget, exc, match):
         ss.top_n_tree(parents, np.asarray(scores), budget)
 
 
+def test_flags_are_bools_named():
+    # PyO3's own message for a non-bool flag names no argument.
+    with pytest.raises(TypeError, match=r"^cumulative: expected a bool, got int"):
+        ss.top_n_tree([-1, 0], np.array([-1.0, -2.0]), 2, cumulative=1)
+    d = ss.SuffixDrafter()
+    d.start_request(1, [1, 2, 1])
+    for call, arg in [
+        (lambda: d.propose(1, 4, chain=1), "chain"),
+        (lambda: d.propose(1, 4, use_global=None), "use_global"),
+        (lambda: d.propose_batch([1], 4, chain="yes"), "chain"),
+        (lambda: d.finish_request(1, cache=1), "cache"),
+    ]:
+        with pytest.raises(TypeError, match=f"^{arg}: expected a bool"):
+            call()
+    assert d.propose_batch([1], 4, chain=np.bool_(True)).num_trees == 1  # numpy's bool is one
+
+
 def random_step(rng, shape, *, sort=True):
     """Top-k tokens and coarse (tie-prone) log probabilities, sorted like a draft's top-k
     unless `sort` is False (any order is valid input)."""

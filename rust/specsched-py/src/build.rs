@@ -26,7 +26,7 @@ pub fn top_n_tree<'py>(
     #[pyo3(from_py_with = crate::convert::budget_arg)] budget: usize,
     tokens: Option<&Bound<'py, PyAny>>,
     #[pyo3(from_py_with = crate::convert::root_token_arg)] root_token: i64,
-    cumulative: bool,
+    #[pyo3(from_py_with = crate::convert::cumulative_arg)] cumulative: bool,
 ) -> PyResult<(PyTree, Bound<'py, PyArray1<i64>>)> {
     let p = i64_array(parents, "parents", 1)?;
     let s = float_array(scores, "scores", 1)?;

@@ -615,6 +615,13 @@ pub fn u64_arg(obj: &Bound<'_, PyAny>, arg: &str) -> PyResult<u64> {
     })
 }
 
+/// A flag: a Python (or numpy) bool, named in its error (PyO3's own names no argument).
+pub fn bool_arg(obj: &Bound<'_, PyAny>, arg: &str) -> PyResult<bool> {
+    obj.extract::<bool>().map_err(|_| {
+        PyTypeError::new_err(format!("{arg}: expected a bool, got {}", type_name(obj)))
+    })
+}
+
 /// Named extractors for `#[pyo3(from_py_with = ...)]`, which takes a function of the object
 /// alone: each is one of the converters above with its argument's name.
 macro_rules! named_args {
@@ -646,6 +653,10 @@ named_args! {
     max_spec_factor_arg -> f64 = float_arg("max_spec_factor");
     t_draft_arg -> f64 = float_arg("t_draft");
     z_arg -> f64 = float_arg("z");
+    cumulative_arg -> bool = bool_arg("cumulative");
+    cache_arg -> bool = bool_arg("cache");
+    chain_arg -> bool = bool_arg("chain");
+    use_global_arg -> bool = bool_arg("use_global");
 }
 
 /// `prefix_len` of the single-tree layouts (checked `>= 0` by the layout).

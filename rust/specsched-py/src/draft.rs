@@ -210,7 +210,7 @@ impl PySuffixDrafter {
         &self,
         py: Python<'_>,
         #[pyo3(from_py_with = crate::convert::request_id_arg)] request_id: i64,
-        cache: bool,
+        #[pyo3(from_py_with = crate::convert::cache_arg)] cache: bool,
     ) -> PyResult<()> {
         py.detach(|| {
             let mut d = self.inner.write().map_err(poisoned)?;
@@ -238,8 +238,8 @@ impl PySuffixDrafter {
         #[pyo3(from_py_with = crate::convert::budget_i64_arg)] budget: i64,
         #[pyo3(from_py_with = crate::convert::min_prob_arg)] min_prob: f64,
         #[pyo3(from_py_with = crate::convert::max_spec_factor_arg)] max_spec_factor: f64,
-        chain: bool,
-        use_global: bool,
+        #[pyo3(from_py_with = crate::convert::chain_arg)] chain: bool,
+        #[pyo3(from_py_with = crate::convert::use_global_arg)] use_global: bool,
     ) -> PyResult<PyDraft> {
         let opt = options(budget, min_prob, max_spec_factor, chain)?;
         let (p, tree) = py.detach(|| -> PyResult<(Proposal, Tree)> {
@@ -265,8 +265,8 @@ impl PySuffixDrafter {
         budgets: &Bound<'_, PyAny>,
         #[pyo3(from_py_with = crate::convert::min_prob_arg)] min_prob: f64,
         #[pyo3(from_py_with = crate::convert::max_spec_factor_arg)] max_spec_factor: f64,
-        chain: bool,
-        use_global: bool,
+        #[pyo3(from_py_with = crate::convert::chain_arg)] chain: bool,
+        #[pyo3(from_py_with = crate::convert::use_global_arg)] use_global: bool,
     ) -> PyResult<PyTreeBatch> {
         let ids = int_list(request_ids, "request_ids")?;
         if ids.is_empty() {
