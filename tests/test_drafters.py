@@ -69,6 +69,18 @@ def test_ngram_batch_equals_single(contexts: list[list[int]]) -> None:
         assert b[i] == d.propose(c)
 
 
+def test_ngram_chain_is_cut_to_a_trees_node_limit() -> None:
+    # k past a tree's 65,536 nodes: the tokens are vLLM's all the same, the tree is cut (as
+    # SuffixDrafter caps its budget) instead of failing on a node count nobody passed.
+    ctx = np.tile([1, 2], 70_000)
+    d = ss.NgramDrafter(1, 2, k=100_000)
+    assert d.propose_tokens(ctx).size > 65_535
+    tree = d.propose(ctx)
+    assert tree.num_nodes == 65_536
+    assert tree.tokens[1:].tolist() == d.propose_tokens(ctx)[:65_535].tolist()
+    assert d.propose_batch([ctx, ctx[:10]]).num_nodes == 65_536 + d.propose(ctx[:10]).num_nodes
+
+
 def test_ngram_bad_input() -> None:
     with pytest.raises(ValueError, match="min_n"):
         ss.NgramDrafter(min_n=0)

@@ -327,7 +327,11 @@ fn context(obj: &Bound<'_, PyAny>, arg: &str) -> PyResult<Vec<i64>> {
     Ok(c)
 }
 
+/// The chain tree of a proposal: the context's last token, then the drafts, cut to a
+/// tree's node limit (`propose_tokens` returns all `k`; a tree holds `MAX_NODES`, as the
+/// suffix drafter's budget is capped).
 fn chain_of(ctx: &[i64], draft: &[i64]) -> specsched_core::Result<Tree> {
+    let draft = &draft[..draft.len().min(specsched_core::tree::MAX_NODES - 1)];
     let mut tokens = Vec::with_capacity(draft.len() + 1);
     tokens.push(ctx[ctx.len() - 1]);
     tokens.extend_from_slice(draft);
