@@ -94,7 +94,31 @@ def test_decide_profile_file_and_classes(
         ),
         (["simulate", "--budget", "0"], "--budget"),
         (["simulate", "--per-rank", "0.7,0.6"], "per_rank"),
-        (["simulate", "--per-depth", "0.9", "--budget", "8"], "covers 1 depths"),
+        (["simulate", "--per-depth", "0.9", "--budget", "8"], "--per-depth: 1 depths"),
+        # The chain compared at --budget 8 is 7 deep whatever --depth caps the tree at.
+        (
+            ["simulate", "--per-depth", "0.9,0.8", "--budget", "8", "--depth", "2"],
+            "the comparison chain of --budget 8 is 7 drafts deep",
+        ),
+        (["simulate", "--budget", "100000", "--steps", "0"], "--budget: 100000, a tree holds"),
+        (["simulate", "--concurrency", "0", "--measure-host"], "--concurrency: 0"),
+        (
+            [
+                "decide",
+                "--prompt-tokens",
+                "10",
+                "--output-tokens",
+                "10",
+                "--concurrency",
+                "0",
+                "--measure-host",
+            ],
+            "concurrency: 0",
+        ),
+        # Both kinds of lengths on one command line (flags win only over a profile file).
+        (["decide", "--class", "1:100:500", "--prompt-tokens", "100000"], "not both"),
+        # A cost per token past the knee that overflows (every speed-up was nan).
+        (["simulate", "--t-target", "1e300", "--knee", "1e-300", "--steps", "0"], "knee_tokens"),
         (["simulate", "--t-target", "-1"], "t_target_ms"),
         (["simulate", "--alpha", "0.5", "--per-rank", "0.5"], "not allowed with"),
         (["decide", "--prompt-tokens", "-5", "--output-tokens", "9"], "prompt_tokens"),

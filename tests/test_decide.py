@@ -221,6 +221,23 @@ def test_ngram_steps_are_priced_over_independent_hits() -> None:
     assert s.t_target_mixed(0.5, g) < 0.5 * s.t_target(1 + g) + 0.5 * s.t_target(1)
 
 
+def test_tree_range_moves_the_sibling_acceptance_too() -> None:
+    # docs/spec-decider.md: "every acceptance ... moved by acceptance_uncertainty". The tree's
+    # upper end is its speed-up with the first token's and the siblings' acceptance both up.
+    base = {"prompt_tokens": 500, "output_tokens": 500, "eagle3_head": True}
+    p = Profile.from_dict(base)
+    tree = next(c for c in decide(base).candidates if c.method == "eagle3_tree")
+    up = dict(
+        base,
+        eagle3_acceptance=p.eagle3_acceptance + 0.05,
+        eagle3_sibling_acceptance=p.eagle3_sibling_acceptance + 0.05,
+        acceptance_uncertainty=0.0,
+    )
+    moved = next(c for c in decide(up).candidates if c.method == "eagle3_tree")
+    assert moved.config == tree.config
+    assert tree.speedup_range[1] == pytest.approx(moved.speedup, rel=1e-12)
+
+
 def test_every_speedup_lies_in_its_range() -> None:
     # The speed-up over the rates moved by +-delta peaks inside the interval at high
     # concurrency: the range covers the point (it printed "1.13x (range 1.00-1.10x)").

@@ -13,7 +13,8 @@ from typing import Any
 import numpy as np
 
 from specsched import sim
-from specsched.decide import Profile, decide, load_profile
+from specsched._core import MAX_NODES
+from specsched.decide import Profile, ProfileError, decide, load_profile
 from specsched.sim import Acceptance, CostModel
 
 
@@ -127,7 +128,19 @@ def simulate_command(args: argparse.Namespace) -> int:
         raise ValueError(f"--steps: {args.steps}, expected >= 0")
     if any(b < 1 for b in args.budget) or not args.budget:
         raise ValueError(f"--budget: {args.budget}, expected positive node counts")
+    if max(args.budget) > MAX_NODES:
+        raise ValueError(f"--budget: {max(args.budget)}, a tree holds at most {MAX_NODES} nodes")
+    if args.concurrency < 1:
+        raise ValueError(f"--concurrency: {args.concurrency}, expected >= 1")
     models = _models(args)
+    for model in models:
+        # The comparison chain of `budget - 1` drafts needs a depth for each of its drafts.
+        if model.kind == "per_depth" and len(model.values) < max(args.budget) - 1:
+            raise ValueError(
+                f"--per-depth: {len(model.values)} depths, but the comparison chain of "
+                f"--budget {max(args.budget)} is {max(args.budget) - 1} drafts deep; give one "
+                "acceptance per depth up to it, or a smaller --budget"
+            )
     if args.measure_host:
         t_host = sim.measure_host_overhead(
             sim.best_tree(models[0], max(args.budget), args.depth, args.topk), args.concurrency
@@ -297,17 +310,24 @@ def _profile_from_args(args: argparse.Namespace) -> Profile:
     flags = {f.name: getattr(args, f.name) for f in _FLAG_FIELDS}
     data.update({k: v for k, v in flags.items() if v is not None})
     if args.classes:
+        if flags.get("prompt_tokens") is not None or flags.get("output_tokens") is not None:
+            # Both on one command line: refused, as Profile refuses both (flags win only
+            # over a profile file's values).
+            raise ProfileError(
+                "--class: give either --class or --prompt-tokens / --output-tokens, not both"
+            )
         data["classes"] = args.classes
         data.pop("prompt_tokens", None)
         data.pop("output_tokens", None)
     if "classes" in data and ("prompt_tokens" in data or "output_tokens" in data):
         data.pop("classes")
+    profile = Profile.from_dict(data)  # checked before any measurement
     if args.measure_host:
         # Specsched's work for a 16-node tree per request at this concurrency.
-        b = int(data.get("concurrency", 1))
         tree = sim.best_tree(Acceptance.iid(0.8), 16, 6, 4)
-        data["host_overhead_ms"] = sim.measure_host_overhead(tree, b)
-    return Profile.from_dict(data)
+        data["host_overhead_ms"] = sim.measure_host_overhead(tree, profile.concurrency)
+        profile = Profile.from_dict(data)
+    return profile
 
 
 def decide_command(args: argparse.Namespace) -> int:

@@ -410,13 +410,16 @@ def _clip(x: float) -> float:
     return min(1.0, max(0.0, x))
 
 
-def _eagle3_model(p: Profile, alpha: float, depth: int, topk: int) -> Acceptance:
+def _eagle3_model(
+    p: Profile, alpha: float, depth: int, topk: int, sibling: float | None = None
+) -> Acceptance:
     """Depth d, rank 0: alpha * decay^(d-1); rank r >= 1: the rank-0 miss times the chance
-    `sibling_acceptance` that each further candidate matches when the ones before missed."""
+    `sibling` (default the profile's `eagle3_sibling_acceptance`) that each further candidate
+    matches when the ones before missed."""
+    s = p.eagle3_sibling_acceptance if sibling is None else sibling
     rows = []
     for d in range(depth):
         a = _clip(alpha * p.eagle3_depth_decay**d)
-        s = p.eagle3_sibling_acceptance
         rows.append([a] + [(1 - a) * s * (1 - s) ** (r - 1) for r in range(1, topk)])
     return Acceptance.table(rows)
 
@@ -474,8 +477,10 @@ def _eagle3_candidates(scorer: _Scorer, delta: float) -> tuple[Candidate, Candid
         # The draft forward scores topk frontier tokens per request per step.
         return p.eagle3_draft_ratio * p.target_forward_ms * max(1.0, b * topk / p.knee_tokens)
 
-    def score(alpha: float, budget: int, depth: int, topk: int) -> tuple[float, float]:
-        model = _eagle3_model(p, alpha, depth, topk)
+    def score(
+        alpha: float, budget: int, depth: int, topk: int, sibling: float | None = None
+    ) -> tuple[float, float]:
+        model = _eagle3_model(p, alpha, depth, topk, sibling)
         tree = sim.best_tree(model, budget, depth, topk)
         tokens = sim.expected_accept_length(tree, model)
         step = scorer.t_target(tree.num_nodes) + depth * draft_ms(topk) + p.host_overhead_ms
@@ -493,8 +498,10 @@ def _eagle3_candidates(scorer: _Scorer, delta: float) -> tuple[Candidate, Candid
 
     def candidate(method: str, top: tuple[float, int, int, int, float, float]) -> Candidate:
         s, budget, depth, topk, tokens, step = top
+        # Every acceptance moves: the first token's and the siblings'.
+        sib = p.eagle3_sibling_acceptance
         ends = [
-            scorer.speedup(*score(_clip(a + d), budget, depth, topk))
+            scorer.speedup(*score(_clip(a + d), budget, depth, topk, _clip(sib + d)))
             for d in np.linspace(-delta, delta, 9)
         ]
         lo, hi = min(ends), max(ends)

@@ -334,6 +334,13 @@ class CostModel:
             v = getattr(self, name)
             if not (isinstance(v, (int, float)) and v >= 0 and math.isfinite(v)):
                 raise ValueError(f"{name}: {v!r}, expected a non-negative number")
+        if not math.isfinite(self.t_target_ms / self.knee_tokens):
+            # Past the knee each token costs t_target_ms / knee_tokens: an infinite cost per
+            # token made every speed-up nan.
+            raise ValueError(
+                f"knee_tokens: {self.knee_tokens!r}, too small for t_target_ms "
+                f"{self.t_target_ms!r} (the cost per token past the knee overflows)"
+            )
         _count("concurrency", self.concurrency, 1)
 
     def t_target(self, n: int) -> float:
