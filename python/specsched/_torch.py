@@ -311,7 +311,8 @@ def device_sample(
             host.copy_(packed, non_blocking=True)
             torch.cuda.current_stream(packed.device).synchronize()
         else:
-            host = packed
+            # The CPU's own tensor, or another device's (MPS, XPU) copied over.
+            host = packed.cpu()
     out = host.numpy()
     return out[0], out[1].astype(bool), out[2].astype(bool)
 
