@@ -460,3 +460,14 @@ def test_propose_batch_releases_the_gil() -> None:
             if gaps[-1] < 0.5:
                 break
         assert min(gaps) < 0.5, f"{name}: the loop paused for {gaps} of the call"
+
+
+def test_token_arrays_are_measured_before_they_are_copied():
+    # A broadcast view of 2**33 tokens was copied before any limit was checked: an abort.
+    huge = np.broadcast_to(np.int64(0), (2**33,))
+    with pytest.raises(ValueError, match="context: 8589934592 entries, more than the 2147483647"):
+        ss.NgramDrafter().propose_tokens(huge)
+    with pytest.raises(ValueError, match="prompt: 8589934592 entries, more than"):
+        ss.SuffixDrafter().start_request(1, huge)
+    with pytest.raises(ValueError, match=r"contexts\[0\]: 8589934592 entries, more than"):
+        ss.NgramDrafter().propose_batch([huge])

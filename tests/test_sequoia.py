@@ -189,3 +189,15 @@ def test_choose_tree_ties_equal_trees_summed_along_different_paths():
 def test_bad_input(call, exc, match):
     with pytest.raises(exc, match=match):
         call()
+
+
+def test_method_and_budget_keys_are_named():
+    with pytest.raises(TypeError, match="method: expected 'auto' or 'dp' or 'heap', got int"):
+        ss.optimal_tree([0.5], 3, method=5)
+    with pytest.raises(ValueError, match=r"method: expected .* got \"x\""):
+        ss.optimal_tree([0.5], 3, method="x")
+    assert ss.optimal_tree([0.5], 3, method="dp") == ss.optimal_tree([0.5], 3, method="heap")
+    with pytest.raises(ValueError, match="t_verify: key 9223372036854775808 does not fit"):
+        ss.choose_tree([0.5], 0.1, {2**63: 0.1}, 2)
+    with pytest.raises(TypeError, match="t_verify: key True is not an int budget"):
+        ss.choose_tree([0.5], 0.1, {True: 0.1}, 2)

@@ -482,7 +482,7 @@ def test_a_longer_mask_buffer_is_filled_only_after_the_kernel_and_never_over_an_
         ({"seq_lens": np.array([-1, 2**40]), "seq_lens_sum": 2**40 - 1}, ValueError,
          r"seq_lens\[0\] = -1"),
         ({"seq_lens": np.array([2**62, 0]), "seq_lens_sum": 2**62}, ValueError,
-         "seq_lens: the FULL mask of these lengths does not fit"),
+         "seq_lens: the FULL mask of these lengths has"),
     ],
 )  # fmt: skip
 def test_scalar_arguments_are_ints_named(kw: dict, exc: type[Exception], match: str):
@@ -612,3 +612,85 @@ def test_verify_bad_input():
     with pytest.raises(ValueError, match=r"candidates: expected shape \(1, N\) with N >= 1"):
         none = np.zeros(0, np.int64)
         sg.verify_tree_greedy(np.zeros(0, np.int32), *good[1:], empty, empty, empty, empty, none)
+
+
+def test_sizes_from_the_callers_counts_are_checked_before_anything_is_allocated():
+    # num_draft_token sized the outputs before the pool was checked: 2**40 aborted the process
+    # on a failed allocation, 2**62 raised a PanicException (capacity overflow).
+    scores, tokens = [np.zeros((4, 1, 3))], [np.zeros((4, 3), np.int64)]
+    parents = [np.zeros((4, 4), np.int64)]
+    for n in (2**40, 2**62):
+        with pytest.raises(ValueError, match=f"num_draft_token: {n} tokens need"):
+            sg.organize_draft_results(scores, tokens, parents, n)
+
+
+def test_lengths_whose_sum_or_positions_pass_int64_are_refused():
+    big = 2**63 - 1
+    # The sum wrapped in release builds: three int64 lengths summed to 0 and matched it.
+    lens = np.array([big, big, 2], np.int64)
+    pl, sel = np.zeros((3, 3), np.int64), np.tile([0, 1], (3, 1))
+    for total in (0, 12345):
+        with pytest.raises(ValueError, match="sum\\(seq_lens\\) = more than 2\\*\\*64"):
+            build(pl, sel, seq_lens=lens, seq_lens_sum=total, tree_mask_mode=1)
+    with pytest.raises(ValueError, match="seq_lens_sum: 18446744073709551616 does not fit"):
+        build(pl[:1], sel[:1], seq_lens=np.array([1]), seq_lens_sum=2**64, tree_mask_mode=1)
+    # A root at int64's last position leaves no room for its children (they wrapped negative).
+    with pytest.raises(ValueError, match=r"seq_lens\[0\] = 9223372036854775807: positions"):
+        build(pl[:1], sel[:1], seq_lens=np.array([big]), seq_lens_sum=big, tree_mask_mode=1)
+    fits = build(
+        pl[:1], sel[:1], seq_lens=np.array([big - 2]), seq_lens_sum=big - 2, tree_mask_mode=1
+    )
+    assert fits[1].min() == big - 2 and fits[1].max() == big - 1
+
+
+def test_aliasing_is_seen_through_tensors_and_buffers_given_to_the_binding():
+    # Only numpy arrays were measured: a tensor or memoryview over an output's memory was
+    # read while the kernel wrote through it (the public wrapper converted first; `_core`
+    # did not).
+    torch = pytest.importorskip("torch")
+    from specsched import _core
+
+    back = np.zeros(8, np.int64)
+    back[0] = 6
+    cand = np.array([[0, 5, 7]])
+    ri, nt, ns = np.array([[0, 1, 2]]), np.array([[1, -1, -1]]), np.array([[-1, 2, -1]])
+    for target in (torch.from_numpy(back[:3]), memoryview(back[:3])):
+        with pytest.raises(ValueError, match="predicts and target_predict may share memory"):
+            _core.sglang_verify_tree_greedy(
+                back.view(np.int32)[:3],
+                np.full((1, 3), -1, np.int32),
+                np.zeros(1, np.int32),
+                cand,
+                ri,
+                nt,
+                ns,
+                target,
+            )
+    assert back[0] == 6
+
+
+def test_organize_takes_an_empty_batch_and_refuses_float_parents():
+    k = 2
+    scores = [np.zeros((0, 1, k)), np.zeros((0, k, k))]
+    tokens = [np.zeros((0, k), np.int64), np.zeros((0, k * k), np.int64)]
+    parents = [np.zeros((0, k + 1), np.int64), np.zeros((0, k), np.int64)]
+    # numpy cannot reshape an empty batch to (0, -1): SGLang's ops give empty outputs.
+    out = sg.organize_draft_results(scores, tokens, parents, 4)
+    assert [a.shape for a in out] == [(0, k + 1), (0, 3), (0, 3)]
+    # Float parent indices were truncated (NaN became int64's minimum).
+    one = (
+        [np.zeros((1, 1, k)), np.zeros((1, k, k))],
+        [np.zeros((1, k), np.int64), np.zeros((1, k * k), np.int64)],
+    )
+    with pytest.raises(TypeError, match=r"parents_list\[0\]: expected an integer array"):
+        sg.organize_draft_results(*one, [np.full((1, k + 1), 0.9), np.zeros((1, k))], 4)
+
+
+def test_full_mask_lengths_are_checked_before_the_mask_is_sized():
+    args = (np.zeros(1, np.int64), np.zeros((1, 2), np.int64), np.zeros((1, 1), np.int64))
+    drafts = np.zeros((1, 1), np.int64)
+    with pytest.raises(TypeError, match="seq_lens: expected an integer array, got float64"):
+        sg.build_tree_kernel_efficient(*args, drafts, np.array([np.nan]), 2, 2, 2, 2, 0)
+    # 2**40 tokens of FULL mask rows: a MemoryError (4 TiB) before.
+    with pytest.raises(ValueError, match="seq_lens: the FULL mask of these lengths has"):
+        sg.build_tree_kernel_efficient(*args, drafts, np.array([2**40]), 2**40, 2, 2, 2, 0)

@@ -146,3 +146,24 @@ def test_empty_stats_and_bad_input():
     assert stats.steps == 0 and stats.trials.shape == (0, 0)
     with pytest.raises(ValueError, match="z"):
         stats.confidence_interval(z=0.0)
+
+
+def test_merged_counts_stay_within_int64():
+    # Self-merges double the counts: the 63rd wrapped the int64 getters negative, the 64th
+    # to zero. A merge past int64 is refused and changes nothing.
+    t = ss.Tree([-1, 0], [1, 2])
+    stats = ss.AcceptanceStats()
+    stats.update(t, ss.verify(t, np.zeros((2, 4))))
+    for _ in range(62):
+        stats.merge(stats)
+    with pytest.raises(ValueError, match=r"other: the merged counts would pass 2\*\*63 - 1"):
+        stats.merge(stats)
+    assert stats.steps == 2**62 and stats.trials.tolist() == [[2**62]]
+
+
+def test_a_foreign_result_is_named_once():
+    chain = ss.Tree.chain([0, 1, 2, 3])
+    other = ss.Tree.chain([0, 4, 2, 3])
+    result = ss.verify(other, np.eye(8)[[4, 2, 3, 0]] * 5)
+    with pytest.raises(ValueError, match=r"^result: accepted node 1 \(step 1\) holds token"):
+        ss.AcceptanceStats().update(chain, result)

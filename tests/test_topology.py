@@ -561,3 +561,18 @@ def test_dynamic_builder_bad_input():
     b.expand(np.zeros((2, 2, 2), np.int64), np.full((2, 2, 2), -1.0))
     with pytest.raises(ValueError, match="depth 2"):
         b.expand(np.zeros((2, 2, 2), np.int64), np.full((2, 2, 2), -1.0))
+
+
+def test_top_n_pool_without_tokens_or_past_memory():
+    # Without tokens each node carries its pool index (no pool-sized vector of them is made).
+    tree, idx = ss.top_n_tree([-1, 0, -1], [-1.0, -1.0, -0.5], 3)
+    assert idx.tolist() == [0, 2] and tree.tokens.tolist() == [0, 0, 2]
+    # Empty lists are an empty pool, not int64 scores.
+    tree, idx = ss.top_n_tree([], [], 1)
+    assert tree.num_nodes == 1 and idx.size == 0
+    # A broadcast pool of 2**32 - 2 candidates: its scratch is reserved fallibly (an abort).
+    m = 2**32 - 2
+    parents = np.broadcast_to(np.int64(-1), (m,))
+    scores = np.broadcast_to(np.float32(-1), (m,))
+    with pytest.raises(ValueError, match=f"scores: a pool of {m} candidates does not fit"):
+        ss.top_n_tree(parents, scores, 3)

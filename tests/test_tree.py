@@ -685,3 +685,52 @@ def test_a_non_string_order_names_the_argument(order: Any) -> None:
         ss.Tree.from_choices([(0,)], order=order)
     with pytest.raises(TypeError, match="order: expected 'pool' or 'depth_first'"):
         ss.DynamicTreeBuilder(1, 1, 1, 2).build(order)
+
+
+def test_per_request_arrays_are_measured_before_they_are_copied():
+    # A broadcast view claims any length at no cost; its entries were copied into a vector
+    # before the count was checked, and a failed allocation aborted the process.
+    huge = np.broadcast_to(np.int64(0), (2**33,))
+    t = ss.Tree([-1, 0], [1, 2])
+    batch = ss.TreeBatch([t, t])
+    with pytest.raises(ValueError, match="prefix_lens: has 8589934592 entries, expected one"):
+        batch.positions(huge)
+    with pytest.raises(ValueError, match="max_depth: has 8589934592 entries, expected one"):
+        batch.limit_depth(huge)
+    assert batch.positions(np.broadcast_to(np.int64(3), (2,))).tolist() == [3, 4, 3, 4]
+
+
+def test_qlen_mask_checks_the_tree_sizes_before_sizing_its_output():
+    # Sized from tree 0 first: a 65,536-node tree ahead of 300 roots asked for 1.2 TiB.
+    big, root = ss.Tree.chain(np.zeros(65536, np.int64)), ss.Tree([-1], [0])
+    with pytest.raises(ValueError, match="equal tree sizes, but tree 0 has 65536 nodes"):
+        ss.TreeBatch([big] + [root] * 300).qlen_mask()
+
+
+def test_an_index_past_int64_is_out_of_range():
+    t = ss.Tree([-1, 0], [1, 2])
+    batch = ss.TreeBatch([t, t])
+    result = ss.verify(batch, np.zeros((4, 3)))
+    for i in (2**63, -(2**70)):
+        with pytest.raises(IndexError, match=r"index: .* is out of range"):
+            batch[i]
+        with pytest.raises(IndexError, match=r"index: .* is out of range"):
+            result[i]
+
+
+def test_batch_offsets_are_read_only_like_every_other_array():
+    t = ss.Tree([-1, 0], [1, 2])
+    batch = ss.TreeBatch([t, t])
+    for offsets in (batch.offsets, ss.verify(batch, np.zeros((4, 3))).offsets):
+        assert offsets.tolist() == [0, 2, 4]
+        with pytest.raises(ValueError, match="read-only"):
+            offsets[0] = 1
+
+
+def test_from_choices_names_the_entry_that_is_not_an_int64():
+    with pytest.raises(ValueError, match=r"choices\[0\]\[0\]: 9223372036854775808 does not fit"):
+        ss.Tree.from_choices([(2**63,)])
+    with pytest.raises(TypeError, match=r"choices\[1\]\[1\]: expected an int, got bool"):
+        ss.Tree.from_choices([(0,), (0, True)])
+    with pytest.raises(TypeError, match=r"choices\[0\]\[0\]: expected an int, got str"):
+        ss.Tree.from_choices(["ab"])

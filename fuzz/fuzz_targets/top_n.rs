@@ -54,7 +54,7 @@ fuzz_target!(|data: &[u8]| {
     let r = top_n(
         ArrayView1::from(&parents[..]),
         ArrayView1::from(&edge[..]),
-        ArrayView1::from(&tokens[..]),
+        Some(ArrayView1::from(&tokens[..])),
         -5,
         budget,
         cumulative,

@@ -9,6 +9,7 @@ __all__ = [
     "DRAFT_SUM_TOL",
     "MAX_BATCH_NODES",
     "MAX_NODES",
+    "MAX_OUTPUT_ELEMENTS",
     "MAX_TOKEN_ID",
     "AcceptanceStats",
     "BatchVerifyResult",
@@ -47,6 +48,7 @@ __version__: str
 MAX_NODES: int
 MAX_BATCH_NODES: int
 DRAFT_SUM_TOL: float
+MAX_OUTPUT_ELEMENTS: int
 
 MAX_TOKEN_ID: int
 

@@ -12,6 +12,7 @@ these raise ValueError / IndexError naming the request and node.
 
 from __future__ import annotations
 
+import math
 import operator
 import sys
 from collections.abc import Sequence
@@ -83,6 +84,11 @@ def _count(value: Any, arg: str) -> int:
     return _int(value, arg, 1)
 
 
+def _flat_rows(a: np.ndarray, bs: int) -> np.ndarray:
+    """`a` `[bs, ...]` as `[bs, rest]` (numpy cannot infer `rest` of an empty batch)."""
+    return a.reshape(bs, math.prod(a.shape[1:]))
+
+
 def _rows(arrays: list[np.ndarray], arg: str, bs: int) -> None:
     """Each draft step's array has the batch's `bs` rows (SGLang's torch.cat needs them)."""
     for i, a in enumerate(arrays):
@@ -127,14 +133,21 @@ def organize_draft_results(
     bs = scores[0].shape[0]
     _rows(scores, "score_list", bs)
     _rows(tokens, "token_list", bs)
-    score = np.concatenate([s.reshape(bs, -1) for s in scores], axis=1)
-    token = np.concatenate([t.reshape(bs, -1) for t in tokens], axis=1)
+    score = np.concatenate([_flat_rows(s, bs) for s in scores], axis=1)
+    token = np.concatenate([_flat_rows(t, bs) for t in tokens], axis=1)
     top_index, draft = _core.sglang_organize(score, token, n)
     draft = draft.astype(token.dtype, copy=False)
     if len(parents_list) > 1:
         parents = [_host(p, f"parents_list[{i}]") for i, p in enumerate(parents_list[:-1])]
         _rows(parents, "parents_list", bs)
-        parent_list = np.concatenate(parents, axis=1).astype(np.int64, copy=False)
+        for i, p in enumerate(parents):
+            # Indices: a float one was truncated (NaN became int64's minimum). An empty one
+            # of any dtype is nothing to read.
+            if p.size and p.dtype.kind not in "iu":
+                raise TypeError(f"parents_list[{i}]: expected an integer array, got {p.dtype}")
+        parent_list = np.concatenate([_flat_rows(p, bs) for p in parents], axis=1).astype(
+            np.int64, copy=False
+        )
     else:
         parent_list = np.empty((bs, 0), dtype=np.int64)
     return (
@@ -243,13 +256,19 @@ def build_tree_kernel_efficient(
     # are the same when the call is valid, so a wrong seq_lens_sum is Rust's ValueError (it
     # checks one against the other) rather than a huge allocation first.
     if mode == TreeMaskMode.FULL_MASK:
-        # Checked here, before the mask sized from them is allocated (Rust checks them too).
-        if seq.dtype.kind in "iu" and (seq < 0).any():
+        # Checked here, before the mask sized from them is allocated (Rust checks them too):
+        # a float length would size it from a truncated or NaN value.
+        if seq.dtype.kind not in "iu":
+            raise TypeError(f"seq_lens: expected an integer array, got {seq.dtype}")
+        if (seq < 0).any():
             b = int(np.argmax(seq < 0))
             raise ValueError(f"seq_lens: seq_lens[{b}] = {seq[b]}, expected >= 0")
         needed = sum(int(s) for s in seq.tolist()) * n + bs * n * n
-        if needed > np.iinfo(np.intp).max:
-            raise ValueError("seq_lens: the FULL mask of these lengths does not fit in memory")
+        if needed > _core.MAX_OUTPUT_ELEMENTS:
+            raise ValueError(
+                f"seq_lens: the FULL mask of these lengths has {needed} entries, more than "
+                f"the {_core.MAX_OUTPUT_ELEMENTS} a layout may have"
+            )
     elif mode == TreeMaskMode.QLEN_ONLY:
         needed = bs * n * n
     else:

@@ -349,8 +349,9 @@ pub fn fill_packed_ragged_mask(batch: &TreeBatch, prefix: &[usize], out: &mut [u
     })
 }
 
-/// SGLang's QLEN_ONLY mask `[B, N, N]`; every tree must have the same size.
-pub fn fill_qlen_mask(batch: &TreeBatch, out: &mut [bool]) -> Result<()> {
+/// `N` of the QLEN mask `[B, N, N]`: the size every tree of `batch` must share (checked
+/// before a caller sizes an output by it).
+pub fn qlen_tree_size(batch: &TreeBatch) -> Result<usize> {
     let n = batch.tree_size(0);
     if let Some(b) = (0..batch.num_trees()).find(|&b| batch.tree_size(b) != n) {
         return Err(Error::value(
@@ -361,6 +362,12 @@ pub fn fill_qlen_mask(batch: &TreeBatch, out: &mut [bool]) -> Result<()> {
             ),
         ));
     }
+    Ok(n)
+}
+
+/// SGLang's QLEN_ONLY mask `[B, N, N]`; every tree must have the same size.
+pub fn fill_qlen_mask(batch: &TreeBatch, out: &mut [bool]) -> Result<()> {
+    let n = qlen_tree_size(batch)?;
     let indptr = cumulative((0..batch.num_trees()).map(|_| n * n));
     for_each_tree(batch, out, &indptr, |t, _, seg| {
         fill_ancestor_rows(t, 0, n, true, false, seg)

@@ -27,7 +27,8 @@ impl AcceptanceStats {
 
     /// Records one verified tree: `accepted` = `0, a1, ..., ak` (root first) and `emitted`
     /// its tokens (`a1`'s, ..., `ak`'s, then the bonus), which must be the tree's own: a result
-    /// of another tree whose path happens to exist here is refused, not counted.
+    /// of another tree whose path happens to exist here is refused, not counted. `which` names
+    /// the request in errors (`"request 3"`), or is empty for a single result.
     pub fn observe(
         &mut self,
         tree: TreeRef<'_>,
@@ -35,10 +36,15 @@ impl AcceptanceStats {
         emitted: &[i64],
         which: &str,
     ) -> Result<()> {
+        let which = if which.is_empty() {
+            String::new()
+        } else {
+            format!("{which}: ")
+        };
         if accepted.first() != Some(&0) {
             return Err(Error::value(
                 "result",
-                format!("{which}: the accepted path must start at the root (node 0)"),
+                format!("{which}the accepted path must start at the root (node 0)"),
             ));
         }
         let n = tree.num_nodes();
@@ -49,7 +55,7 @@ impl AcceptanceStats {
                 return Err(Error::value(
                     "result",
                     format!(
-                        "{which}: accepted node {c} (step {j}) is not a child of node {v} in this \
+                        "{which}accepted node {c} (step {j}) is not a child of node {v} in this \
                          tree; pass the tree that was verified"
                     ),
                 ));
@@ -58,7 +64,7 @@ impl AcceptanceStats {
                 return Err(Error::value(
                     "result",
                     format!(
-                        "{which}: accepted node {c} (step {j}) holds token {} in this tree, but \
+                        "{which}accepted node {c} (step {j}) holds token {} in this tree, but \
                          the result emitted {:?}; pass the tree that was verified",
                         tree.tokens[c as usize],
                         emitted.get(j - 1)
@@ -191,8 +197,26 @@ impl AcceptanceStats {
         Ok((lo, hi))
     }
 
-    /// Adds another accumulator's counts (e.g. from another worker).
-    pub fn merge(&mut self, other: &AcceptanceStats) {
+    /// Adds another accumulator's counts (e.g. from another worker). Counts stay within
+    /// int64, as callers read them: a merge past that is refused and changes nothing.
+    pub fn merge(&mut self, other: &AcceptanceStats) -> Result<()> {
+        const LIMIT: u64 = i64::MAX as u64;
+        let fits = |a: u64, b: u64| a.checked_add(b).is_some_and(|sum| sum <= LIMIT);
+        let count = |m: &[Vec<u64>], d: usize, r: usize| {
+            m.get(d).and_then(|row| row.get(r)).copied().unwrap_or(0)
+        };
+        let cells_fit = other.trials.iter().enumerate().all(|(d, row)| {
+            row.iter().enumerate().all(|(r, &x)| {
+                fits(count(&self.trials, d, r), x)
+                    && fits(count(&self.hits, d, r), other.hits[d][r])
+            })
+        });
+        if !cells_fit || !fits(self.steps, other.steps) || !fits(self.accepted, other.accepted) {
+            return Err(Error::value(
+                "other",
+                "the merged counts would pass 2**63 - 1",
+            ));
+        }
         for (d, row) in other.trials.iter().enumerate() {
             for (r, &x) in row.iter().enumerate() {
                 self.grow(d, r);
@@ -202,6 +226,7 @@ impl AcceptanceStats {
         }
         self.steps += other.steps;
         self.accepted += other.accepted;
+        Ok(())
     }
 }
 
@@ -253,9 +278,8 @@ mod tests {
         // 0 -> {1, 2}; 2 -> {3, 4}
         let t = Tree::new(&[-1, 0, 0, 2, 2], &[0, 1, 2, 3, 4]).unwrap();
         let mut s = AcceptanceStats::new();
-        s.observe(t.view(), &[0, 2, 4], &[2, 4, 9], "result")
-            .unwrap();
-        s.observe(t.view(), &[0], &[7], "result").unwrap();
+        s.observe(t.view(), &[0, 2, 4], &[2, 4, 9], "").unwrap();
+        s.observe(t.view(), &[0], &[7], "").unwrap();
         assert_eq!(s.shape(), (2, 2));
         assert_eq!(s.trials(), [2, 2, 1, 1]);
         assert_eq!(s.hits(), [0, 1, 0, 1]);
@@ -263,9 +287,9 @@ mod tests {
         assert_eq!(s.mean_accepted(), 1.0);
         let (lo, hi) = s.confidence_interval(1.96).unwrap();
         assert!(lo[1] < 2.0 / 3.0 && 2.0 / 3.0 < hi[1]);
-        assert!(s.observe(t.view(), &[0, 3], &[3, 1], "result").is_err());
+        assert!(s.observe(t.view(), &[0, 3], &[3, 1], "").is_err());
         // The path exists here, but its tokens are another tree's.
-        assert!(s.observe(t.view(), &[0, 2], &[5, 1], "result").is_err());
+        assert!(s.observe(t.view(), &[0, 2], &[5, 1], "").is_err());
         assert_eq!(s.steps(), 2);
     }
 }

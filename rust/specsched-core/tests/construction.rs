@@ -36,7 +36,7 @@ proptest! {
         let (tree, idx) = top_n(
             ArrayView1::from(&parents),
             ArrayView1::from(&edges),
-            ArrayView1::from(&tokens),
+            Some(ArrayView1::from(&tokens)),
             -7,
             budget,
             false,

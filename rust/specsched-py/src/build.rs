@@ -31,19 +31,12 @@ pub fn top_n_tree<'py>(
     let p = i64_array(parents, "parents", 1)?;
     let s = float_array(scores, "scores", 1)?;
     let pv = fixed(p.view(), "parents")?;
-    let default_tokens: Vec<i64>;
-    let t = match tokens {
-        Some(t) => Some(i64_array(t, "tokens", 1)?),
-        None => None,
-    };
-    let tv = match &t {
-        Some(t) => fixed(t.view(), "tokens")?,
-        None => {
-            // Without tokens, each node carries its pool index.
-            default_tokens = (0..pv.len() as i64).collect();
-            ArrayView1::from(&default_tokens)
-        }
-    };
+    // Without tokens, each node carries its pool index.
+    let t = tokens.map(|t| i64_array(t, "tokens", 1)).transpose()?;
+    let tv = t
+        .as_ref()
+        .map(|t| fixed::<_, ndarray::Ix1>(t.view(), "tokens"))
+        .transpose()?;
     let (tree, idx) = with_float_view!(s, sv => {
         let sv = fixed(sv, "scores")?;
         py.detach(|| topology::top_n(pv, sv, tv, root_token, budget, cumulative))
@@ -62,26 +55,44 @@ fn choices_list<'py>(py: Python<'py>, choices: &[Vec<i64>]) -> PyResult<Bound<'p
     Ok(pyo3::types::PyList::new(py, items)?.into_any())
 }
 
+/// `method` of `optimal_tree`.
+#[derive(Clone, Copy)]
+pub enum SequoiaMethod {
+    Auto,
+    Dp,
+    Heap,
+}
+
+/// "auto", "dp" or "heap"; any other object, a non-string included, is an error naming
+/// `method`.
+fn sequoia_method(obj: &Bound<'_, PyAny>) -> PyResult<SequoiaMethod> {
+    Ok(
+        match crate::convert::str_choice(obj, "method", &["auto", "dp", "heap"])? {
+            0 => SequoiaMethod::Auto,
+            1 => SequoiaMethod::Dp,
+            _ => SequoiaMethod::Heap,
+        },
+    )
+}
+
 /// Sequoia's optimal tree: `(choices, expected tokens per step)`.
 #[pyfunction]
-#[pyo3(signature = (accept_probs, budget, max_depth=None, method="auto"))]
+#[pyo3(
+    signature = (accept_probs, budget, max_depth=None, method=SequoiaMethod::Auto),
+    text_signature = "(accept_probs, budget, max_depth=None, method='auto')"
+)]
 pub fn optimal_tree<'py>(
     py: Python<'py>,
     accept_probs: &Bound<'py, PyAny>,
     #[pyo3(from_py_with = crate::convert::budget_arg)] budget: usize,
     #[pyo3(from_py_with = crate::convert::opt_max_depth_arg)] max_depth: Option<usize>,
-    method: &str,
+    #[pyo3(from_py_with = sequoia_method)] method: SequoiaMethod,
 ) -> PyResult<(Bound<'py, PyAny>, f64)> {
     let p = f64_vec(accept_probs, "accept_probs")?;
     let plan = match method {
-        "auto" => py.detach(|| sequoia::optimal_tree(&p, budget, max_depth)),
-        "dp" => py.detach(|| sequoia::optimal_tree_dp(&p, budget, max_depth)),
-        "heap" => py.detach(|| sequoia::optimal_tree_heap(&p, budget, max_depth)),
-        m => {
-            return Err(PyValueError::new_err(format!(
-                "method: expected 'auto', 'dp' or 'heap', got {m:?}"
-            )))
-        }
+        SequoiaMethod::Auto => py.detach(|| sequoia::optimal_tree(&p, budget, max_depth)),
+        SequoiaMethod::Dp => py.detach(|| sequoia::optimal_tree_dp(&p, budget, max_depth)),
+        SequoiaMethod::Heap => py.detach(|| sequoia::optimal_tree_heap(&p, budget, max_depth)),
     }
     .py()?;
     Ok((choices_list(py, &plan.choices)?, plan.expected))
@@ -121,14 +132,15 @@ pub fn choose_tree<'py>(
     })?;
     let mut costs = Vec::with_capacity(d.len());
     for (k, v) in d.iter() {
-        // A bool is not a budget (PyO3 would read True as 1).
-        let n: i64 = k
-            .extract()
-            .ok()
-            .filter(|_| !k.is_instance_of::<pyo3::types::PyBool>())
-            .ok_or_else(|| {
+        // A bool is not a budget (PyO3 would read True as 1), and an int past int64 is one
+        // out of range (ValueError), not one of the wrong type.
+        let n = crate::convert::int_arg(&k, "t_verify key").map_err(|e| {
+            if e.is_instance_of::<PyValueError>(py) {
+                PyValueError::new_err(format!("t_verify: key {k} does not fit in int64"))
+            } else {
                 PyTypeError::new_err(format!("t_verify: key {k} is not an int budget"))
-            })?;
+            }
+        })?;
         let t: f64 = v
             .extract()
             .map_err(|_| PyTypeError::new_err(format!("t_verify[{k}]: {v} is not a number")))?;
@@ -171,7 +183,7 @@ fn prefix_arg(prefix_lens: Option<&Bound<'_, PyAny>>, b: usize) -> PyResult<Vec<
     let Some(p) = prefix_lens else {
         return Ok(vec![0; b]);
     };
-    Ok(PerRequest::extract(p, "prefix_lens")?.into_vec(b))
+    PerRequest::extract(p, "prefix_lens")?.into_vec(b)
 }
 
 fn step_arrays(py: Python<'_>, b: usize, k: usize, s: Step) -> PyResult<StepArrays<'_>> {

@@ -11,7 +11,6 @@ use numpy::{
 use pyo3::exceptions::{PyIndexError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 
-use specsched_core::layout::PrefixLens;
 use specsched_core::{Error, IndexLike};
 
 /// Maps a core error to the Python exception of the same meaning.
@@ -311,10 +310,12 @@ pub fn int_array1<'py>(
 }
 
 /// A per-request integer argument (`prefix_lens`, `max_depth`, `budgets`): an int for every
-/// request (not a bool), or an int32 / int64 / uint32 array `[B]`.
-pub enum PerRequest {
+/// request (not a bool), or an int32 / int64 / uint32 array `[B]`, held as the caller's array
+/// until the number of requests is known: a broadcast view can claim any length, and its
+/// entries are copied only once that length is checked.
+pub enum PerRequest<'py> {
     All(i64),
-    Each(Vec<i64>),
+    Each(IntArray1<'py>, &'static str),
 }
 
 /// A numpy array of one or more dimensions (no conversion tried).
@@ -361,8 +362,8 @@ fn is_wide_int_scalar(obj: &Bound<'_, PyAny>) -> bool {
             .is_ok_and(|i| i.extract::<i64>().is_err())
 }
 
-impl PerRequest {
-    pub fn extract(obj: &Bound<'_, PyAny>, arg: &str) -> PyResult<PerRequest> {
+impl<'py> PerRequest<'py> {
+    pub fn extract(obj: &Bound<'py, PyAny>, arg: &'static str) -> PyResult<PerRequest<'py>> {
         if obj.is_instance_of::<pyo3::types::PyBool>() {
             return Err(PyTypeError::new_err(format!(
                 "{arg}: expected an int or a 1-D int array, got bool"
@@ -383,24 +384,23 @@ impl PerRequest {
             )));
         }
         // uint32 too: lengths need no sign, and every uint32 fits the int64 they become.
-        let arr = int_array1(obj, arg, true)?;
-        Ok(PerRequest::Each(
-            with_int_view!(arr, v => v.iter().map(|&x| x.to_i64()).collect()),
-        ))
+        Ok(PerRequest::Each(int_array1(obj, arg, true)?, arg))
     }
 
-    /// One value per request of `num_trees` (the count of `Each` is checked by the caller).
-    pub fn into_vec(self, num_trees: usize) -> Vec<i64> {
+    /// One value per request of `num_trees`; an array of another length is refused before
+    /// any entry is read.
+    pub fn into_vec(self, num_trees: usize) -> PyResult<Vec<i64>> {
         match self {
-            PerRequest::All(p) => vec![p; num_trees],
-            PerRequest::Each(v) => v,
-        }
-    }
-
-    pub fn as_core(&self) -> PrefixLens<'_> {
-        match self {
-            PerRequest::All(p) => PrefixLens::All(*p),
-            PerRequest::Each(v) => PrefixLens::PerTree(v),
+            PerRequest::All(p) => Ok(vec![p; num_trees]),
+            PerRequest::Each(arr, arg) => {
+                let len = with_int_view!(arr, v => v.len());
+                if len != num_trees {
+                    return Err(PyValueError::new_err(format!(
+                        "{arg}: has {len} entries, expected one per tree ({num_trees})"
+                    )));
+                }
+                Ok(with_int_view!(arr, v => v.iter().map(|&x| x.to_i64()).collect()))
+            }
         }
     }
 }
@@ -647,6 +647,12 @@ named_args! {
     topk_i64_arg -> i64 = int_arg("topk");
     depth_i64_arg -> i64 = int_arg("depth");
     max_children_arg -> usize = count_arg("max_children");
+    sglang_topk_arg -> usize = count_arg("topk");
+    sglang_depth_arg -> usize = count_arg("depth");
+    num_verify_tokens_arg -> usize = count_arg("num_verify_tokens");
+    num_draft_token_arg -> usize = count_arg("num_draft_token");
+    seq_lens_sum_arg -> i64 = int_arg("seq_lens_sum");
+    tree_mask_mode_arg -> i64 = int_arg("tree_mask_mode");
     steps_arg -> u64 = u64_arg("steps");
     seed_arg -> u64 = u64_arg("seed");
     min_prob_arg -> f64 = float_arg("min_prob");
@@ -708,6 +714,13 @@ pub fn batch_dim_arg(obj: &Bound<'_, PyAny>) -> PyResult<Option<isize>> {
 
 /// The index of `batch[index]` / `result[index]`.
 pub fn index_arg(obj: &Bound<'_, PyAny>) -> PyResult<isize> {
-    let i = int_arg(obj, "index")?;
+    // An int past int64 is out of range, as it is for a list (`[1][2**63]`): IndexError.
+    let i = int_arg(obj, "index").map_err(|e| {
+        if e.is_instance_of::<PyValueError>(obj.py()) {
+            PyIndexError::new_err(format!("index: {obj} is out of range"))
+        } else {
+            e
+        }
+    })?;
     isize::try_from(i).map_err(|_| PyIndexError::new_err(format!("index: {i} is out of range")))
 }

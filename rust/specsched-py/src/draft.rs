@@ -12,6 +12,7 @@ use pyo3::prelude::*;
 
 use specsched_core::draft::ngram::NgramConfig;
 use specsched_core::draft::suffix::{Proposal, ProposeOptions, SuffixDrafter};
+use specsched_core::draft::MAX_CONTEXT_TOKENS;
 use specsched_core::{Tree, TreeBatch};
 
 use crate::convert::{
@@ -19,15 +20,27 @@ use crate::convert::{
 };
 use crate::tree::{PyTree, PyTreeBatch};
 
-fn int_list(obj: &Bound<'_, PyAny>, arg: &str) -> PyResult<Vec<i64>> {
+/// A drafter's 1-D int array argument, its length checked before anything is copied.
+fn token_array<'py>(obj: &Bound<'py, PyAny>, arg: &str) -> PyResult<IntArray1<'py>> {
     let a = int_array1(obj, arg, true)?;
+    let len = with_int_view!(a, v => v.len());
+    if len > MAX_CONTEXT_TOKENS {
+        return Err(PyValueError::new_err(format!(
+            "{arg}: {len} entries, more than the {MAX_CONTEXT_TOKENS} a drafter takes"
+        )));
+    }
+    Ok(a)
+}
+
+fn int_list(obj: &Bound<'_, PyAny>, arg: &str) -> PyResult<Vec<i64>> {
+    let a = token_array(obj, arg)?;
     Ok(with_int_view!(a, v => v.iter().map(|x| specsched_core::IndexLike::to_i64(*x)).collect()))
 }
 
 /// Runs `f` on the tokens as an `i64` slice: the array's own memory when it is a contiguous
 /// int64 array (a long prompt is read in place, not copied first), else a converted copy.
 fn with_tokens<R>(obj: &Bound<'_, PyAny>, arg: &str, f: impl FnOnce(&[i64]) -> R) -> PyResult<R> {
-    let a = int_array1(obj, arg, true)?;
+    let a = token_array(obj, arg)?;
     if let IntArray1::I64(v) = &a {
         if let Ok(s) = v.as_slice() {
             return Ok(f(s));
@@ -276,14 +289,7 @@ impl PySuffixDrafter {
         }
         // The shared options first, so their errors name them rather than `budgets[0]`.
         options(1, min_prob, max_spec_factor, chain)?;
-        let budgets = PerRequest::extract(budgets, "budgets")?.into_vec(ids.len());
-        if budgets.len() != ids.len() {
-            return Err(PyValueError::new_err(format!(
-                "budgets: has {} entries but request_ids has {}",
-                budgets.len(),
-                ids.len()
-            )));
-        }
+        let budgets = PerRequest::extract(budgets, "budgets")?.into_vec(ids.len())?;
         let opts = budgets
             .iter()
             .enumerate()
@@ -408,7 +414,7 @@ impl PyNgramDrafter {
             .enumerate()
             .map(|(i, c)| {
                 let arg = format!("contexts[{i}]");
-                let a = int_array1(c, &arg, true)?;
+                let a = token_array(c, &arg)?;
                 if with_int_view!(a, v => v.is_empty()) {
                     return Err(PyValueError::new_err(format!(
                         "{arg}: empty context: the root of a draft is the last context token"

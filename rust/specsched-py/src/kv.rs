@@ -37,13 +37,13 @@ impl<'py> AnyResult<'py> {
 
 /// Per-request prefix lengths of a batch result (an int applies to every request).
 fn batch_prefixes(r: &BatchVerified, prefix_lens: &Bound<'_, PyAny>) -> PyResult<Vec<i64>> {
-    Ok(PerRequest::extract(prefix_lens, "prefix_lens")?.into_vec(r.num_trees()))
+    PerRequest::extract(prefix_lens, "prefix_lens")?.into_vec(r.num_trees())
 }
 
 fn single_prefix(prefix_lens: &Bound<'_, PyAny>) -> PyResult<i64> {
     match PerRequest::extract(prefix_lens, "prefix_lens")? {
         PerRequest::All(p) => Ok(p),
-        PerRequest::Each(_) => Err(PyTypeError::new_err(
+        PerRequest::Each(..) => Err(PyTypeError::new_err(
             "prefix_lens: expected an int for a single-tree result, got an array",
         )),
     }

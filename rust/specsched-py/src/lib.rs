@@ -51,6 +51,10 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("MAX_NODES", specsched_core::tree::MAX_NODES)?;
     m.add("MAX_BATCH_NODES", specsched_core::tree::MAX_BATCH_NODES)?;
     m.add("DRAFT_SUM_TOL", specsched_core::select::DRAFT_SUM_TOL)?;
+    m.add(
+        "MAX_OUTPUT_ELEMENTS",
+        specsched_core::layout::MAX_OUTPUT_ELEMENTS,
+    )?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

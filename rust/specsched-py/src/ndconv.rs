@@ -122,6 +122,15 @@ pub fn float_array<'py>(
                 arg,
             )?))
         }
+        // An empty list has no element type (it converts as int64); an empty input is one.
+        (b'i' | b'u', _) if a.len() == 0 => {
+            let np = numpy::get_array_module(obj.py())?;
+            let wide = np.call_method1("asarray", (&a, "float64"))?;
+            Ok(FloatArray::F64(typed::<f64>(
+                wide.cast::<PyUntypedArray>()?,
+                arg,
+            )?))
+        }
         _ => Err(PyTypeError::new_err(format!(
             "{arg}: expected a float16, float32 or float64 array, got {dt}"
         ))),
@@ -198,10 +207,19 @@ pub fn fixed<'a, T, D: Dimension>(
         .map_err(|e| PyValueError::new_err(format!("{arg}: {e}")))
 }
 
-/// The bytes an array argument spans, or None for a non-array (a list is converted to a new
-/// array, which shares memory with nothing) or an empty one.
-fn span(obj: &Bound<'_, PyAny>) -> Option<(usize, usize)> {
-    let a = obj.cast::<PyUntypedArray>().ok()?;
+/// The bytes an array argument spans, or None for an empty one or one that does not convert
+/// (its conversion, later, names the error). A torch tensor or a buffer is measured through
+/// the numpy view the kernel will read or write; a list becomes a new array, which shares
+/// memory with nothing.
+fn span(obj: &Bound<'_, PyAny>, arg: &str) -> Option<(usize, usize)> {
+    let converted;
+    let a = match obj.cast::<PyUntypedArray>() {
+        Ok(a) => a,
+        Err(_) => {
+            converted = as_ndarray(obj, arg).ok()?;
+            &converted
+        }
+    };
     let (start, end) = kv::byte_span(
         data_ptr(a) as usize,
         a.shape(),
@@ -231,8 +249,8 @@ pub fn check_outputs_disjoint(
     }
     let args = || outputs.iter().chain(inputs);
     let mut spans = [(0usize, 0usize); MAX_ARGS];
-    for (slot, (_, a)) in spans.iter_mut().zip(args()) {
-        *slot = span(a).unwrap_or((0, 0));
+    for (slot, (name, a)) in spans.iter_mut().zip(args()) {
+        *slot = span(a, name).unwrap_or((0, 0));
     }
     let overlap = |a: (usize, usize), b: (usize, usize)| a.0 < b.1 && b.0 < a.1;
     for i in 0..outputs.len() {

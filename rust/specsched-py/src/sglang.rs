@@ -22,13 +22,16 @@ pub fn sglang_organize<'py>(
     py: Python<'py>,
     scores: &Bound<'py, PyAny>,
     tokens: &Bound<'py, PyAny>,
-    num_draft_token: usize,
+    #[pyo3(from_py_with = crate::convert::num_draft_token_arg)] num_draft_token: usize,
 ) -> PyResult<IndexPair<'py>> {
     let s = float_array(scores, "score_list", 2)?;
     let t = i64_array(tokens, "token_list", 2)?;
     let tv = fixed(t.view(), "token_list")?;
-    let bs = tv.nrows();
-    let k = num_draft_token.saturating_sub(1);
+    // Two-dimensional: `float_array` checked it.
+    let scores_dim = with_float_view!(s, sv => (sv.shape()[0], sv.shape()[1]));
+    // Sized only once the pool is known to hold the candidates: `num_draft_token` is the
+    // caller's, and a vector of it would be allocated before the kernel refuses it.
+    let (bs, k) = sglang::organize_output_shape(scores_dim, tv.dim(), num_draft_token).py()?;
     let mut idx = vec![0i64; bs * k];
     let mut toks = vec![0i64; bs * k];
     with_float_view!(s, sv => {
@@ -56,16 +59,16 @@ pub fn sglang_build_tree(
     parent_list: &Bound<'_, PyAny>,
     selected_index: &Bound<'_, PyAny>,
     seq_lens: &Bound<'_, PyAny>,
-    seq_lens_sum: i64,
+    #[pyo3(from_py_with = crate::convert::seq_lens_sum_arg)] seq_lens_sum: i64,
     tree_mask: &Bound<'_, PyAny>,
     positions: &Bound<'_, PyAny>,
     retrive_index: &Bound<'_, PyAny>,
     retrive_next_token: &Bound<'_, PyAny>,
     retrive_next_sibling: &Bound<'_, PyAny>,
-    topk: usize,
-    depth: usize,
-    num_verify_tokens: usize,
-    tree_mask_mode: u8,
+    #[pyo3(from_py_with = crate::convert::sglang_topk_arg)] topk: usize,
+    #[pyo3(from_py_with = crate::convert::sglang_depth_arg)] depth: usize,
+    #[pyo3(from_py_with = crate::convert::num_verify_tokens_arg)] num_verify_tokens: usize,
+    #[pyo3(from_py_with = crate::convert::tree_mask_mode_arg)] tree_mask_mode: i64,
     tokens: Option<(Bound<'_, PyAny>, Bound<'_, PyAny>, Bound<'_, PyAny>)>,
 ) -> PyResult<()> {
     let outputs = [
@@ -118,10 +121,12 @@ pub fn sglang_build_tree(
     let sel = i64_array(selected_index, "top_scores_index", 2)?;
     let sl = i64_array(seq_lens, "seq_lens", 1)?;
     let seq = sglang::check_seq_lens(fixed(sl.view(), "seq_lens")?).py()?;
-    let total: usize = seq.iter().sum();
-    if usize::try_from(seq_lens_sum) != Ok(total) {
+    // Checked: each length fits int64, three of them can overflow a wrapping sum.
+    let total = seq.iter().try_fold(0usize, |sum, &s| sum.checked_add(s));
+    if total.is_none_or(|total| usize::try_from(seq_lens_sum) != Ok(total)) {
+        let shown = total.map_or_else(|| "more than 2**64".to_string(), |t| t.to_string());
         return Err(PyValueError::new_err(format!(
-            "seq_lens_sum: {seq_lens_sum} != sum(seq_lens) = {total}"
+            "seq_lens_sum: {seq_lens_sum} != sum(seq_lens) = {shown}"
         )));
     }
     let (plv, selv) = (

@@ -47,7 +47,7 @@ impl PyAcceptanceStats {
             }
             return self
                 .inner
-                .observe(t.view(), &r.accepted_nodes, &r.tokens, "result")
+                .observe(t.view(), &r.accepted_nodes, &r.tokens, "")
                 .py();
         }
         if let (Ok(b), Ok(r)) = (
@@ -76,8 +76,7 @@ impl PyAcceptanceStats {
         // shared and a mutable borrow of one object at once; a borrow held by another thread
         // is a RuntimeError, not a panic.
         let o = other.try_borrow()?.inner.clone();
-        slf.try_borrow_mut()?.inner.merge(&o);
-        Ok(())
+        slf.try_borrow_mut()?.inner.merge(&o).py()
     }
 
     /// Verified trees recorded.

@@ -8,7 +8,7 @@ use pyo3::exceptions::{PyIndexError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyTuple, PyType};
 
-use specsched_core::layout::{self, packed_words};
+use specsched_core::layout::{self, packed_words, PrefixLens};
 use specsched_core::topology::{self, ChoiceOrder};
 use specsched_core::{Tree, TreeBatch, TreeRef};
 
@@ -458,16 +458,19 @@ impl PyTreeBatch {
     /// The batch without the nodes of tree `b` deeper than `max_depth[b]` (an int for every
     /// tree, or an int array `[B]`), order kept.
     fn limit_depth(&self, py: Python<'_>, max_depth: &Bound<'_, PyAny>) -> PyResult<PyTreeBatch> {
-        let d = PerRequest::extract(max_depth, "max_depth")?.into_vec(self.inner.num_trees());
+        let d = PerRequest::extract(max_depth, "max_depth")?.into_vec(self.inner.num_trees())?;
         let b = &self.inner;
         let inner = py.detach(|| b.limit_depth(&d)).py()?;
         Ok(PyTreeBatch { inner })
     }
 
-    /// int64 `[B+1]` CSR offsets (a new array).
+    /// int64 `[B+1]` CSR offsets (a new array, read-only as every array of a batch is:
+    /// writing into it would change nothing).
     #[getter]
     fn offsets<'py>(&self, py: Python<'py>) -> Bound<'py, PyArray1<i64>> {
-        usize_array(py, self.inner.offsets())
+        let a = usize_array(py, self.inner.offsets());
+        crate::convert::set_readonly(a.as_untyped());
+        a
     }
 
     #[getter]
@@ -636,7 +639,7 @@ impl PyTreeBatch {
         py: Python<'py>,
         out: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyArrayDyn<bool>>> {
-        let n = self.inner.tree_size(0);
+        let n = layout::qlen_tree_size(&self.inner).py()?;
         let arr = output::<bool>(py, out, &[self.inner.num_trees(), n, n])?;
         {
             let mut w = writer(&arr)?;
@@ -762,10 +765,13 @@ impl PyTreeBatch {
     fn prefix_or_zero(&self, prefix_lens: Option<&Bound<'_, PyAny>>) -> PyResult<Vec<usize>> {
         match prefix_lens {
             None => Ok(vec![0; self.inner.num_trees()]),
-            Some(p) => PerRequest::extract(p, "prefix_lens")?
-                .as_core()
-                .resolve(self.inner.num_trees())
-                .py(),
+            Some(p) => {
+                let n = self.inner.num_trees();
+                match PerRequest::extract(p, "prefix_lens")? {
+                    PerRequest::All(p) => PrefixLens::All(p).resolve(n).py(),
+                    each => PrefixLens::PerTree(&each.into_vec(n)?).resolve(n).py(),
+                }
+            }
         }
     }
 }
@@ -774,21 +780,21 @@ impl PyTreeBatch {
 /// non-string included, is an error naming `order`).
 /// `choices[j]` as a path of ints: a bool entry is refused (PyO3 reads it as 0 / 1).
 fn choice_path(c: &Bound<'_, PyAny>, j: usize) -> PyResult<Vec<i64>> {
-    let path = c.extract::<Vec<i64>>().map_err(|e| {
+    let path = c.extract::<Vec<i64>>();
+    // Entry by entry: a bool (PyO3 reads it as 0 / 1) or a non-int is a TypeError and an int
+    // past int64 a ValueError, each naming `choices[j][k]`.
+    for (k, x) in c.try_iter().into_iter().flatten().enumerate() {
+        let x = x?;
+        if x.is_instance_of::<pyo3::types::PyBool>() || x.extract::<i64>().is_err() {
+            crate::convert::int_arg(&x, &format!("choices[{j}][{k}]"))?;
+        }
+    }
+    path.map_err(|e| {
         PyTypeError::new_err(format!(
             "choices[{j}]: expected a tuple of ints, got {} ({e})",
             type_name(c)
         ))
-    })?;
-    // Only when the extraction succeeded: the entries are then a sequence of ints.
-    for (k, x) in c.try_iter()?.enumerate() {
-        if x?.is_instance_of::<pyo3::types::PyBool>() {
-            return Err(PyTypeError::new_err(format!(
-                "choices[{j}][{k}]: expected an int, got bool"
-            )));
-        }
-    }
-    Ok(path)
+    })
 }
 
 fn choice_order(order: &Bound<'_, PyAny>) -> PyResult<ChoiceOrder> {

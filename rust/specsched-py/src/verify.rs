@@ -107,10 +107,13 @@ impl PyBatchVerifyResult {
         readonly_view(slf.as_any(), me.rows(&me.inner.tokens))
     }
 
-    /// int64 `[B+1]` offsets of the verified batch.
+    /// int64 `[B+1]` offsets of the verified batch (a new array, read-only as the result's
+    /// other arrays are).
     #[getter]
     fn offsets<'py>(&self, py: Python<'py>) -> Bound<'py, PyArray1<i64>> {
-        PyArray1::from_iter(py, self.inner.offsets.iter().map(|&o| o as i64))
+        let a = PyArray1::from_iter(py, self.inner.offsets.iter().map(|&o| o as i64));
+        crate::convert::set_readonly(a.as_untyped());
+        a
     }
 
     fn __len__(&self) -> usize {

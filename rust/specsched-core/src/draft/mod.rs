@@ -16,6 +16,11 @@ use crate::error::{Error, Result};
 /// Largest token id the drafters accept (`2^31 - 1`, so int32 token arrays always fit).
 pub const MAX_TOKEN_ID: i64 = i32::MAX as i64;
 
+/// Most tokens a drafter takes in one array (`2^31 - 1`): the suffix drafter's positions are
+/// `u32` with a bit to spare, and no context comes near it. Bindings check an array's length
+/// against it before copying it (a broadcast view can claim any length at no cost).
+pub const MAX_CONTEXT_TOKENS: usize = i32::MAX as usize;
+
 /// Checks every token of `tokens` against `0..=MAX_TOKEN_ID` and converts it to `u32`.
 pub fn check_tokens(arg: &'static str, tokens: &[i64]) -> Result<Vec<u32>> {
     if let Some(msg) = bad_token(arg, tokens) {

@@ -1628,7 +1628,7 @@ pub struct SuffixDrafter {
 
 /// Positions and counts are `u32`, and a request context stays within `2^31 - 1` tokens (the
 /// documented limit). (Node ids are `u32` too; 2^32 nodes take over 100 GB.)
-const MAX_SEQ_TOKENS: usize = (u32::MAX / 2) as usize;
+const MAX_SEQ_TOKENS: usize = super::MAX_CONTEXT_TOKENS;
 
 fn check_len(n: usize) -> Result<()> {
     if n > MAX_SEQ_TOKENS {

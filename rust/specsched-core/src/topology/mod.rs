@@ -315,11 +315,12 @@ pub fn select_top(keys: &mut [RankKey], k: usize, out: &mut Vec<u32>) {
 /// allowed); a cumulative score may not exceed its parent's. The selection follows
 /// [`RankKey`] order, so it is ancestor-closed even with ties. The tree's node `n >= 1` is the
 /// `n`-th selected candidate in increasing pool index (parents first); node 0 is the root with
-/// `root_token`. Returns the tree and the pool index of every draft node. O(M + N log N).
+/// `root_token`, and node `n` carries `tokens[g]` of its candidate `g` (without tokens, `g`
+/// itself). Returns the tree and the pool index of every draft node. O(M + N log N).
 pub fn top_n<P: IndexLike, S: ScoreLike, T: IndexLike>(
     parents: ArrayView1<'_, P>,
     scores: ArrayView1<'_, S>,
-    tokens: ArrayView1<'_, T>,
+    tokens: Option<ArrayView1<'_, T>>,
     root_token: i64,
     budget: usize,
     cumulative: bool,
@@ -331,10 +332,10 @@ pub fn top_n<P: IndexLike, S: ScoreLike, T: IndexLike>(
             format!("has {} entries but parents has {m}", scores.len()),
         ));
     }
-    if tokens.len() != m {
+    if let Some(t) = tokens.filter(|t| t.len() != m) {
         return Err(Error::value(
             "tokens",
-            format!("has {} entries but parents has {m}", tokens.len()),
+            format!("has {} entries but parents has {m}", t.len()),
         ));
     }
     if budget == 0 {
@@ -358,9 +359,20 @@ pub fn top_n<P: IndexLike, S: ScoreLike, T: IndexLike>(
             ),
         ));
     }
-    // (cumulative score, depth) per candidate, for its children's checks and sums.
-    let mut path: Vec<(f64, u32)> = Vec::with_capacity(m);
-    let mut keys: Vec<RankKey> = Vec::with_capacity(m);
+    // (cumulative score, depth) per candidate, for its children's checks and sums. Reserved
+    // fallibly: a broadcast view claims any pool size, and an abort is no error message.
+    let mut path: Vec<(f64, u32)> = Vec::new();
+    let mut keys: Vec<RankKey> = Vec::new();
+    let mut node_of: Vec<i32> = Vec::new();
+    if path.try_reserve_exact(m).is_err()
+        || keys.try_reserve_exact(m).is_err()
+        || node_of.try_reserve_exact(m).is_err()
+    {
+        return Err(Error::value(
+            "scores",
+            format!("a pool of {m} candidates does not fit in memory"),
+        ));
+    }
     for i in 0..m {
         let p = parents[i].to_i64();
         if p < -1 || p >= i as i64 {
@@ -403,7 +415,7 @@ pub fn top_n<P: IndexLike, S: ScoreLike, T: IndexLike>(
     }
     let mut chosen = Vec::with_capacity(budget - 1);
     select_top(&mut keys, budget - 1, &mut chosen);
-    let mut node_of = vec![0i32; m];
+    node_of.resize(m, 0);
     let mut tree_parents = Vec::with_capacity(budget);
     let mut tree_tokens = Vec::with_capacity(budget);
     tree_parents.push(-1i32);
@@ -414,7 +426,7 @@ pub fn top_n<P: IndexLike, S: ScoreLike, T: IndexLike>(
         let p = parents[g].to_i64();
         // Ancestor closure (see RankKey) guarantees the parent was selected earlier.
         tree_parents.push(if p < 0 { 0 } else { node_of[p as usize] });
-        tree_tokens.push(tokens[g].to_i64());
+        tree_tokens.push(tokens.map_or(g as i64, |t| t[g].to_i64()));
     }
     let tree = Tree::new(&tree_parents, &tree_tokens)?;
     Ok((tree, chosen.iter().map(|&g| g as i64).collect()))
@@ -543,7 +555,7 @@ mod tests {
         top_n(
             ArrayView1::from(parents),
             ArrayView1::from(scores),
-            ArrayView1::from(&tokens),
+            Some(ArrayView1::from(&tokens)),
             7,
             budget,
             cumulative,

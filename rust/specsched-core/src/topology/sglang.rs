@@ -94,24 +94,20 @@ fn check_shape(topk: usize, steps: usize, n: usize) -> Result<()> {
     Ok(())
 }
 
-/// `organize_draft_results`: for each request, the `N - 1` best candidates of `scores`
-/// (`[bs, M]`, higher first, ties to the lower pool index), sorted by pool index, and their
-/// tokens gathered from `tokens` (`[bs, M]`). Writes `top_index` and `draft_tokens`, both
-/// `[bs, N - 1]` row-major.
-pub fn organize_draft_results<S: ScoreLike, T: IndexLike>(
-    scores: ArrayView2<'_, S>,
-    tokens: ArrayView2<'_, T>,
+/// The shape `[bs, N - 1]` of `organize_draft_results`'s outputs for pools of `scores_dim`
+/// and `tokens_dim` (`[bs, M]` each), after checking that the pool holds `N - 1` candidates:
+/// callers size their buffers with it before reading anything.
+pub fn organize_output_shape(
+    scores_dim: (usize, usize),
+    tokens_dim: (usize, usize),
     num_draft_token: usize,
-    top_index: &mut [i64],
-    draft_tokens: &mut [i64],
-) -> Result<()> {
-    let (bs, m) = scores.dim();
-    if tokens.dim() != (bs, m) {
+) -> Result<(usize, usize)> {
+    let (bs, m) = scores_dim;
+    if tokens_dim != (bs, m) {
         return Err(Error::value(
             "token_list",
             format!(
-                "concatenates to shape {:?} but score_list to {:?}",
-                tokens.dim(),
+                "concatenates to shape {tokens_dim:?} but score_list to {:?}",
                 (bs, m)
             ),
         ));
@@ -132,6 +128,22 @@ pub fn organize_draft_results<S: ScoreLike, T: IndexLike>(
     if m >= u32::MAX as usize {
         return Err(Error::value("score_list", "pool too large"));
     }
+    Ok((bs, k))
+}
+
+/// `organize_draft_results`: for each request, the `N - 1` best candidates of `scores`
+/// (`[bs, M]`, higher first, ties to the lower pool index), sorted by pool index, and their
+/// tokens gathered from `tokens` (`[bs, M]`). Writes `top_index` and `draft_tokens`, both
+/// `[bs, N - 1]` row-major.
+pub fn organize_draft_results<S: ScoreLike, T: IndexLike>(
+    scores: ArrayView2<'_, S>,
+    tokens: ArrayView2<'_, T>,
+    num_draft_token: usize,
+    top_index: &mut [i64],
+    draft_tokens: &mut [i64],
+) -> Result<()> {
+    let (bs, k) = organize_output_shape(scores.dim(), tokens.dim(), num_draft_token)?;
+    let m = scores.ncols();
     if top_index.len() != bs * k || draft_tokens.len() != bs * k {
         return Err(Error::value(
             "out",
@@ -509,6 +521,21 @@ fn build_tree_rows(
         return Err(Error::value(
             "parent_list",
             format!("expected {bs} rows, got {}", parent_list.nrows()),
+        ));
+    }
+    // A request's positions run from its length to its length + depth (< N): int64 all.
+    let last_position = i64::MAX as usize - (n - 1);
+    if let Some((b, s)) = seq_lens
+        .iter()
+        .enumerate()
+        .find(|&(_, &s)| s > last_position)
+    {
+        return Err(Error::value(
+            "seq_lens",
+            format!(
+                "seq_lens[{b}] = {s}: positions up to {s} + {} do not fit in int64",
+                n - 1
+            ),
         ));
     }
     let total = bs * n;
