@@ -301,6 +301,10 @@ def test_bad_arguments() -> None:
         generate(target, None, [[0, 1], [1, 2.5]], 3)
     with pytest.raises(ValueError, match=r"input_ids\[0\]: negative token id -1"):
         generate(target, None, [[0, -1]], 3)
+    with pytest.raises(TypeError, match=r"input_ids\[0\]: expected a sequence of int token"):
+        generate(target, None, [[0, [1, 2]]], 3)  # ragged: numpy's "inhomogeneous shape"
+    with pytest.raises(TypeError, match=r"input_ids\[0\]: a bool among the token ids"):
+        generate(target, None, [[0, True]], 3)
     # The loop's scalars, each named (numpy's own messages named none of them).
     for kw, exc, match in [
         ({"seed": -1}, ValueError, r"seed: expected an int in \[0, 2\*\*64\)"),
@@ -313,9 +317,29 @@ def test_bad_arguments() -> None:
         ({"eos_token_id": "a"}, TypeError, "eos_token_id: expected an int, got str"),
         ({"eos_token_id": [1, 2.5]}, TypeError, r"eos_token_id\[1\]: expected an int"),
         ({"eos_token_id": -5}, ValueError, "eos_token_id: -5 is outside"),
+        # Checked greedy or not (ignored unchecked before), and before the prefill.
+        ({"top_k": "x"}, TypeError, "top_k: expected integers"),
+        ({"top_k": -1}, ValueError, "top_k: entry 0 is -1"),
+        ({"top_p": 5.0}, ValueError, r"top_p: entry 0 is 5; expected a value in \(0, 1\]"),
+        ({"temperature": -1.0}, ValueError, "temperature: entry 0 is -1"),
+        ({"temperature": 1.0, "top_k": [1, 2]}, ValueError, "top_k: has 2 entries"),
     ]:
         with pytest.raises(exc, match=match):
             generate(target, None, [[0, 1]], 3, **kw)
+
+    class NoPrefill(ToyTarget):
+        def prefill(self, input_ids: Sequence[Sequence[int]]) -> TargetStep:
+            raise AssertionError("the arguments are checked before the prefill")
+
+    with pytest.raises(ValueError, match="top_p"):
+        generate(NoPrefill(target.table), None, [[0, 1]], 3, temperature=1.0, top_p=2.0)
+    # An unsigned count: uint64 - int64 made the lengths left float64 (a TypeError naming
+    # max_depth, an argument nobody passed).
+    models = toy_models(vocab=4)
+    want = generate(ToyTarget(models.target_logits), ToyDrafter(models.draft_logits),
+                    [[0, 1], [2, 3]], 6).tokens  # fmt: skip
+    assert generate(ToyTarget(models.target_logits), ToyDrafter(models.draft_logits),
+                    [[0, 1], [2, 3]], np.uint64(6)).tokens == want  # fmt: skip
 
     class WrongRoot(ToyDrafter):
         def propose(self, roots: np.ndarray, active: np.ndarray) -> ss.TreeBatch:
@@ -354,6 +378,27 @@ def test_generation_statistics() -> None:
         assert sum(gen.accepted[b]) + len(gen.accepted[b]) + 1 == 12
     assert gen.wall_s >= gen.target_s + gen.verify_s + gen.kv_s
     assert 0 <= gen.specsched_share
+    # Without a drafter nothing is drafted: the root-only trees are specsched's tree work,
+    # and the loop's bookkeeping is in no timer (it was counted as draft time).
+    plain = generate(ToyTarget(models.target_logits), None, [[0, 1], [1, 2]] * 4, 40)
+    assert plain.draft_s == 0.0 and plain.build_s > 0.0
+    assert plain.wall_s >= plain.target_s + plain.build_s + plain.verify_s + plain.kv_s
+
+
+def test_model_free_drafter_arguments_are_checked_by_name() -> None:
+    # Refused when the drafter is made, naming its own arguments (they failed at the first
+    # propose after the target's prefill, naming the index's `budgets`).
+    for kw, exc, match in [
+        ({"budget": 2.5}, TypeError, "budget: expected an int, got float"),
+        ({"budget": True}, TypeError, "budget: expected an int, got bool"),
+        ({"budget": 0}, ValueError, "budget: expected >= 1, got 0"),
+        ({"min_prob": 0}, ValueError, r"min_prob: expected a value in \(0, 1\]"),
+        ({"min_prob": "x"}, TypeError, "min_prob: expected a number, got str"),
+        ({"max_spec_factor": -1}, ValueError, "max_spec_factor: expected a finite value >= 0"),
+        ({"chain": 1}, TypeError, "chain: expected a bool, got int"),
+    ]:
+        with pytest.raises(exc, match=match):
+            SuffixTreeDrafter(**kw)
 
 
 def test_target_layout_time_is_specsched_time() -> None:
@@ -524,6 +569,15 @@ def test_head_drafter_arguments_are_checked_by_name(shipped: tuple[Any, Any]) ->
         (lambda: EagleDrafter(target, head, budget=0), ValueError, "budget: expected >= 1"),
         (lambda: EagleDrafter(target, head, headroom=-5), ValueError, "headroom: expected >= 0"),
         (lambda: EagleDrafter(target, head, temperature=float("inf")), ValueError, "temperature"),
+        (lambda: EagleDrafter(target, head, temperature="1"), TypeError, "temperature: expected"),
+        (lambda: EagleDrafter(target, head, temperature=True), TypeError, "got bool"),
+        (
+            lambda: EagleDrafter(target, head, topk=2, depth=2, budget=1000),
+            ValueError,
+            "budget: 1000 nodes need 999 candidates but topk=2, depth=2 draft only 6",
+        ),
+        (lambda: TinyTarget(target, headroom=-5), ValueError, "headroom: expected >= 0"),
+        (lambda: TinyTarget(target, headroom=2.5), TypeError, "headroom: expected an int"),
         (lambda: EagleChainDrafter(target, head, depth=2.5), TypeError, "depth: expected an int"),
         (lambda: EagleStaticDrafter(target, head, [(300,)]), ValueError, "choices: rank 300"),
     ]:

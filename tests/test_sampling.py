@@ -432,6 +432,12 @@ def test_bad_input_names_the_argument():
         ({"temperature": 1.0, "top_p": float("nan")}, ValueError, "top_p"),
         ({"temperature": 1.0, "top_k": -1}, ValueError, "top_k"),
         ({"temperature": 1.0, "top_k": 2.5}, TypeError, "top_k"),
+        # Python ints past int64 / float64 are values out of range, not of the wrong type.
+        ({"temperature": 1.0, "top_k": -(2**70)}, ValueError, "top_k: entry 0 is -9223372036"),
+        ({"temperature": 1.0, "top_k": [-(2**70)]}, ValueError, "top_k: entry 0"),
+        ({"temperature": -(10**400)}, ValueError, "temperature: entry 0 is -inf"),
+        ({"temperature": 10**400}, ValueError, "temperature: entry 0 is inf"),
+        ({"temperature": 1.0, "top_p": 10**400}, ValueError, "top_p: entry 0 is inf"),
         ({"temperature": 1.0, "seed": 1.5}, TypeError, "seed"),
         ({"temperature": 1.0, "seed": "1"}, TypeError, "seed"),
         ({"temperature": 1.0, "seed": -1}, ValueError, "seed"),

@@ -251,6 +251,22 @@ def test_bad_input_names_the_argument(call, match) -> None:  # type: ignore[no-u
 
 
 def test_bad_types() -> None:
+    # A wrong type is a TypeError, a bool included (it was a ValueError, and True was 1.0).
+    for call, match in [
+        (lambda: Acceptance.iid("a"), "alpha: expected a probability in .* got str"),  # type: ignore[arg-type]
+        (lambda: Acceptance.iid(True), "alpha: expected a probability in .* got bool"),
+        (lambda: CostModel(t_target_ms="a"), "t_target_ms: expected a number, got str"),  # type: ignore[arg-type]
+        (lambda: CostModel(t_target_ms=True), "t_target_ms: expected a number, got bool"),
+        (lambda: sim.replay([([1, 2], [3])], budget=True), "budget: expected an int, got bool"),
+        (lambda: sim.replay([([1, 2], [3])], budget=2.5), "budget: expected an int, got float"),  # type: ignore[arg-type]
+    ]:
+        with pytest.raises(TypeError, match=match):
+            call()
+    with pytest.raises(ValueError, match="prefix_len: -1, expected >= 0"):
+        sim.measure_host_overhead(4, 1, prefix_len=-1)
+    with pytest.raises(ValueError, match="t_target_ms: an int of 1329 bits, past float64"):
+        CostModel(t_target_ms=10**400)
+    assert CostModel(t_target_ms=np.float32(2.0)).t_target(1) == 2.0
     with pytest.raises(TypeError, match="model"):
         sim.expected_accept_length(3, "0.5")  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="tree"):

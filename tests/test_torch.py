@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 import random
 import tracemalloc
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -271,6 +272,18 @@ def test_lazy_view_bits_on_host_tensors() -> None:
         ss.compact_kv(torch.zeros(8, 2, dtype=torch.complex64).conj().imag, r, 0, 0)
     with pytest.raises(TypeError, match=r"^cache\[1\]: expected a dense"):
         ss.compact_kv([torch.zeros(8, 2), torch.zeros(8, 2).to_sparse()], r, 0, 0)
+    # A nested tensor reports a strided layout: refused by name, not torch's internal error.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch's "prototype stage" note
+        nested = torch.nested.nested_tensor([torch.zeros(5, 2)] * 2)
+    with pytest.raises(TypeError, match=r"^cache: a nested tensor has no single shape"):
+        ss.compact_kv(nested, r, 0, 0)
+    with pytest.raises(TypeError, match=r"^cache\[0\]: a nested tensor"):
+        ss.compact_kv([nested], r, 0, 0)
+    # The device path runs the same check on every buffer before any is moved.
+    for bad in (nested, torch.zeros(8, 2, dtype=torch.complex64).conj().imag):
+        with pytest.raises(TypeError, match=r"^cache: "):
+            _torch.check_movable(bad, "cache")
     # A conjugate view's storage is moved as it is (a move permutes stored values).
     base = torch.arange(16.0).reshape(8, 2).to(torch.complex64)
     ss.compact_kv(base.conj(), r, 1, 0)

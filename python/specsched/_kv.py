@@ -110,6 +110,8 @@ def _compact_all(
             host.append(_torch.raw_cpu_view(c, f"cache[{i}]" if listed else "cache"))
         else:
             _torch.check_has_data(c, "cache", i)
+            # What `raw_cpu_view` refuses of a host tensor, before any buffer is written.
+            _torch.check_movable(c, f"cache[{i}]" if listed else "cache")
             devices.add(c.device)
     if not devices:
         return _core.compact_kv(host, result, prefix_lens, seq_dim, batch_dim, active)

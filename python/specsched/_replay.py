@@ -85,6 +85,8 @@ class ReplayResult:
 def _check(workload: Sequence[Request], budget: int, drafter: str) -> None:
     if drafter not in DRAFTERS:
         raise ValueError(f"drafter: expected one of {', '.join(DRAFTERS)}, got {drafter!r}")
+    if isinstance(budget, (bool, np.bool_)) or not isinstance(budget, (int, np.integer)):
+        raise TypeError(f"budget: expected an int, got {type(budget).__name__}")
     if budget < 1:
         raise ValueError(f"budget: must be >= 1, got {budget}")
     if not workload:

@@ -95,6 +95,20 @@ def raw_cpu_view(t: torch.Tensor, arg: str = "cache") -> np.ndarray:
     if t.is_conj():
         # Moves permute stored values: the storage's own view (conj of a conj view) will do.
         t = t.conj()
+    check_movable(t, arg)
+    try:
+        return t.numpy()
+    except TypeError:  # bfloat16, float8, ...: reinterpret as integers of the same width
+        return t.view(getattr(torch, _INT_OF_SIZE[t.element_size()])).numpy()
+
+
+def check_movable(t: torch.Tensor, arg: str) -> None:
+    """Refuses a cache tensor whose values have no strided storage to move in place (on any
+    device): a lazily negated view, a sparse or a nested tensor, each named by `arg`."""
+    import torch
+
+    if t.is_nested:  # its layout reads "strided", but its components have shapes of their own
+        raise TypeError(f"{arg}: a nested tensor has no single shape to compact; pass its parts")
     if t.is_neg():
         raise TypeError(
             f"{arg}: a lazily negated view (negative bit set) has no storage of its values to "
@@ -102,10 +116,6 @@ def raw_cpu_view(t: torch.Tensor, arg: str = "cache") -> np.ndarray:
         )
     if t.layout != torch.strided:
         raise TypeError(f"{arg}: expected a dense (strided) tensor, got layout {t.layout}")
-    try:
-        return t.numpy()
-    except TypeError:  # bfloat16, float8, ...: reinterpret as integers of the same width
-        return t.view(getattr(torch, _INT_OF_SIZE[t.element_size()])).numpy()
 
 
 def check_logits(logits: torch.Tensor, num_nodes: int) -> None:

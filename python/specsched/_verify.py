@@ -25,6 +25,7 @@ Reduce = Literal["auto", "host", "device"]
 DraftSampling = Literal["with_replacement", "without_replacement"]
 
 _U64 = 1 << 64
+_INT64 = np.iinfo(np.int64)
 # Medusa's typical-acceptance defaults; compared by identity (a caller's array must not reach
 # an `!=` that has no single truth value).
 _POSTERIOR_THRESHOLD = 0.09
@@ -177,23 +178,32 @@ def _check_tree(tree: Any) -> None:
         raise TypeError(f"tree: expected a Tree or a TreeBatch, got {type(tree).__name__}")
 
 
+def _representable(x: Any, integer: bool) -> Any:
+    """A Python int `x` clamped to what an int64 (`integer`) or a float64 holds."""
+    if not isinstance(x, int) or isinstance(x, bool):
+        return x
+    if integer:
+        return min(max(x, _INT64.min), _INT64.max)
+    try:
+        return float(x)
+    except OverflowError:
+        return math.inf if x > 0 else -math.inf
+
+
 def _param(value: Any, name: str, default: float | int, integer: bool) -> np.ndarray:
     """A per-request parameter as a 1-D array (a scalar becomes one entry)."""
     if value is None:
         value = default
     if _torch.is_tensor(value):
         value = _torch.host_array(value, name)
-    if integer:
-        # A Python int past int64 (numpy would make it an object array): any k that large
-        # keeps every token, as a uint64 one does below.
-        cap = np.iinfo(np.int64).max
-        if isinstance(value, int) and not isinstance(value, bool) and value > cap:
-            value = cap
-        elif isinstance(value, (list, tuple)):
-            value = [
-                cap if isinstance(x, int) and not isinstance(x, bool) and x > cap else x
-                for x in value
-            ]
+    # Python ints past int64 / float64 (numpy would make them an object array, a TypeError
+    # for what is a value out of range): a k past int64 keeps every token, as a uint64 one
+    # does below; one below it, or a float parameter past float64, becomes a value the range
+    # checks name (int64's minimum, +-inf).
+    if isinstance(value, (list, tuple)):
+        value = [_representable(x, integer) for x in value]
+    else:
+        value = _representable(value, integer)
     try:
         arr = np.asarray(value)
     except (TypeError, ValueError) as e:
@@ -208,7 +218,7 @@ def _param(value: Any, name: str, default: float | int, integer: bool) -> np.nda
         raise ValueError(f"{name}: expected a scalar or a 1-D array, got shape {arr.shape}")
     if integer and arr.dtype.kind == "u":
         # Past int64 it would wrap negative; any k that large keeps every token.
-        arr = np.minimum(arr, np.iinfo(np.int64).max)
+        arr = np.minimum(arr, _INT64.max)
     return np.ascontiguousarray(arr.reshape(-1), dtype=np.int64 if integer else np.float64)
 
 

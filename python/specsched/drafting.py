@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from itertools import count
 from typing import Any
@@ -15,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from specsched._core import NgramDrafter, SuffixDrafter, TreeBatch
-from specsched.generate import TargetStep
+from specsched.generate import TargetStep, _float_scalar, _int_scalar
 
 # Request ids for every SuffixTreeDrafter in the process: drafters sharing one `index` must not
 # reuse each other's ids (a live id is refused, and finishing a cached id again replaces its
@@ -50,8 +51,21 @@ class SuffixTreeDrafter:
         chain: bool = False,
         index: SuffixDrafter | None = None,
     ) -> None:
+        # Checked here, not at the first `propose` after the target's prefill (where the
+        # errors would name `budgets`, the index's argument).
+        budget = _int_scalar(budget, "budget", 1)
+        min_prob = _float_scalar(min_prob, "min_prob")
+        if not 0 < min_prob <= 1:
+            raise ValueError(f"min_prob: expected a value in (0, 1], got {min_prob}")
+        max_spec_factor = _float_scalar(max_spec_factor, "max_spec_factor")
+        if not (math.isfinite(max_spec_factor) and max_spec_factor >= 0):
+            raise ValueError(
+                f"max_spec_factor: expected a finite value >= 0, got {max_spec_factor}"
+            )
+        if not isinstance(chain, (bool, np.bool_)):
+            raise TypeError(f"chain: expected a bool, got {type(chain).__name__}")
         self.index = index if index is not None else SuffixDrafter(max_depth=max_depth)
-        self.budget, self.min_prob, self.chain = budget, min_prob, chain
+        self.budget, self.min_prob, self.chain = budget, min_prob, bool(chain)
         self.factor = max_spec_factor
         self.request_ids = np.zeros(0, dtype=np.int64)
 

@@ -19,6 +19,7 @@ per target forward, which is the baseline every figure here is compared against.
 from __future__ import annotations
 
 import contextlib
+import math
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -231,11 +232,25 @@ def _step_seed(seed: int | None, step: int) -> int | None:
     return int(np.random.SeedSequence([seed, step]).generate_state(1, np.uint64)[0])
 
 
-def _int_scalar(value: Any, arg: str) -> int:
-    """A Python or numpy int (not a bool), named when it is not one."""
+def _int_scalar(value: Any, arg: str, low: int | None = None) -> int:
+    """A Python or numpy int (not a bool) `>= low`, named when it is not one."""
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
         raise TypeError(f"{arg}: expected an int, got {type(value).__name__}")
+    if low is not None and value < low:
+        raise ValueError(f"{arg}: expected >= {low}, got {value}")
     return int(value)
+
+
+def _float_scalar(value: Any, arg: str) -> float:
+    """A Python or numpy real number (not a bool) as a float, named when it is not one."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(
+        value, (int, float, np.integer, np.floating)
+    ):
+        raise TypeError(f"{arg}: expected a number, got {type(value).__name__}")
+    try:
+        return float(value)
+    except OverflowError:  # an int past float64
+        return math.inf if value > 0 else -math.inf
 
 
 def _check_eos(eos_token_id: Any, vocab_size: int | None) -> frozenset[int]:
@@ -255,9 +270,11 @@ def _check_eos(eos_token_id: Any, vocab_size: int | None) -> frozenset[int]:
     return frozenset(out)
 
 
-def _check_sampling(temperature: Any, seed: Any) -> float:
+def _check_sampling(temperature: Any, top_k: Any, top_p: Any, seed: Any, n: int) -> float:
     """`temperature` as a float (one for every request) and `seed` as None or an int in
-    `[0, 2**64)`, each named when it is not."""
+    `[0, 2**64)`, each named when it is not; `top_k` and `top_p` (scalars or one per request)
+    by `verify`'s own rules on a one-token stand-in of the batch, greedy or not: before the
+    target's prefill, not at the first step after it, and never ignored unchecked."""
     if isinstance(temperature, (bool, np.bool_)) or not isinstance(
         temperature, (int, float, np.integer, np.floating)
     ):
@@ -267,6 +284,9 @@ def _check_sampling(temperature: Any, seed: Any) -> float:
         s = _int_scalar(seed, "seed")
         if not 0 <= s < 1 << 64:
             raise ValueError(f"seed: expected an int in [0, 2**64), got {s}")
+    if top_k is not None or top_p is not None or temperature != 0:
+        stand_in = root_only(np.zeros(n, dtype=np.int64))
+        verify(stand_in, np.zeros((n, 1)), temperature=temperature, top_k=top_k, top_p=top_p)
     return float(temperature)
 
 
@@ -279,7 +299,15 @@ def _check_prompts(input_ids: Sequence[Sequence[int]], vocab_size: int | None) -
     for b, prompt in enumerate(input_ids):
         # A tensor (on any device) as a list: numpy reads CPU memory only.
         tokens: Any = prompt.tolist() if _torch.is_tensor(prompt) else prompt  # type: ignore[attr-defined]
-        row = np.asarray(tokens)
+        try:
+            row = np.asarray(tokens)
+        except (ValueError, TypeError):  # ragged: numpy's "inhomogeneous shape"
+            raise TypeError(f"input_ids[{b}]: expected a sequence of int token ids") from None
+        # numpy reads True among ints as 1: a bool is not a token id.
+        if isinstance(tokens, (list, tuple)) and any(
+            isinstance(t, (bool, np.bool_)) for t in tokens
+        ):
+            raise TypeError(f"input_ids[{b}]: a bool among the token ids; give ints")
         if row.ndim != 1 or not (row.size == 0 or np.issubdtype(row.dtype, np.integer)):
             raise TypeError(
                 f"input_ids[{b}]: expected a sequence of int token ids, got dtype {row.dtype} "
@@ -327,10 +355,12 @@ def generate(
         raise TypeError(f"max_new_tokens: expected an int, got {type(max_new_tokens).__name__}")
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens: expected >= 1, got {max_new_tokens}")
+    # A Python int: a numpy uint64 made the lengths left float64 (uint64 - int64).
+    max_new_tokens = int(max_new_tokens)
     vocab_size = getattr(target, "vocab_size", None)
     prompts = _check_prompts(input_ids, vocab_size)
     eos_ids = _check_eos(eos_token_id, vocab_size)
-    temperature = _check_sampling(temperature, seed)
+    temperature = _check_sampling(temperature, top_k, top_p, seed, len(prompts))
     greedy = temperature == 0.0
     sampling: dict[str, Any] = (
         {} if greedy else {"temperature": temperature, "top_k": top_k, "top_p": top_p}
@@ -380,12 +410,16 @@ def generate(
             out.steps += 1
             # The loop's own bookkeeping, outside every timer (a greedy step draws nothing).
             step_seed = None if greedy else _step_seed(seed, out.steps)
-            t0 = clock()
             rows = np.flatnonzero(active).tolist()  # running this step
             if drafter is None:
+                # The root-only batch autoregressive decoding verifies: specsched's tree work.
+                t0 = clock()
                 trees = root_only(roots)
+                out.build_s += clock() - t0
             else:
+                t0 = clock()
                 trees = drafter.propose(roots.copy(), active.copy())
+                out.draft_s += clock() - t0
                 if trees.num_trees != n:
                     raise ValueError(f"drafter.propose: {trees.num_trees} trees for {n} requests")
                 offsets = trees.offsets
@@ -402,16 +436,13 @@ def generate(
                 if trees.max_depth >= shortest or (
                     len(rows) < n and bool((np.diff(offsets)[~active] > 1).any())
                 ):
-                    # Each row's deepest usable level, as the loop's bookkeeping (outside the
-                    # timer, as `shortest` is); the cut itself is specsched's work.
+                    # Each row's deepest usable level, as the loop's bookkeeping; the cut
+                    # itself is specsched's tree work, not the drafter's.
                     left = max_new_tokens - np.fromiter(map(len, out.tokens), np.int64, n)
                     deepest = np.where(active, left - 1, 0)
-                    cut0 = clock()
+                    t0 = clock()
                     trees = trees.limit_depth(deepest)
-                    # specsched's own tree work, not the drafter's (`draft_s` gets t1 - t0 less it).
-                    cut = clock() - cut0
-                    out.build_s += cut
-                    out.draft_s -= cut
+                    out.build_s += clock() - t0
             t1 = clock()
             step = target.forward_tree(trees)
             if sync is not None:
@@ -460,7 +491,6 @@ def generate(
             if sync is not None:
                 sync()
             t5 = clock()
-            out.draft_s += t1 - t0
             out.target_s += t2 - t1
             out.verify_s += t3 - t2
             out.kv_s += t5 - t4

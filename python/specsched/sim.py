@@ -55,10 +55,13 @@ Kind = Literal["iid", "per_depth", "per_rank", "table"]
 
 
 def _prob(name: str, x: float) -> float:
+    # A real number (a string or a bool is the wrong type, not a value out of range).
+    if isinstance(x, (bool, np.bool_)) or not isinstance(x, (int, float, np.integer, np.floating)):
+        raise TypeError(f"{name}: expected a probability in [0, 1], got {type(x).__name__}")
     try:
         x = float(x)
-    except (TypeError, ValueError):
-        raise ValueError(f"{name}: expected a probability in [0, 1], got {x!r}") from None
+    except OverflowError:  # an int past float64: out of range
+        raise ValueError(f"{name}: {x} is not a probability in [0, 1]") from None
     if not (0.0 <= x <= 1.0):  # also rejects NaN
         raise ValueError(f"{name}: {x} is not a probability in [0, 1]")
     return x
@@ -321,18 +324,29 @@ class CostModel:
     concurrency: int = 1
 
     def __post_init__(self) -> None:
+        for name in ("t_target_ms", "knee_tokens", "t_draft_ms", "t_host_ms"):
+            v = getattr(self, name)
+            if isinstance(v, (bool, np.bool_)) or not isinstance(
+                v, (int, float, np.integer, np.floating)
+            ):
+                raise TypeError(f"{name}: expected a number, got {type(v).__name__}")
+            try:
+                float(v)
+            except OverflowError:  # only an int gets here
+                bits = int(v).bit_length()
+                raise ValueError(f"{name}: an int of {bits} bits, past float64") from None
         # knee_tokens may be infinite (verification free at any size); a forward's time may
         # not: every speed-up would come out as nan.
         for name, finite in (("t_target_ms", True), ("knee_tokens", False)):
             v = getattr(self, name)
-            if not (isinstance(v, (int, float)) and v > 0 and not math.isnan(v)) or (
+            if not (v > 0 and not math.isnan(v)) or (
                 finite and not math.isfinite(v)
             ):
                 kind = "a finite positive" if finite else "a positive"
                 raise ValueError(f"{name}: {v!r}, expected {kind} number")
         for name in ("t_draft_ms", "t_host_ms"):
             v = getattr(self, name)
-            if not (isinstance(v, (int, float)) and v >= 0 and math.isfinite(v)):
+            if not (v >= 0 and math.isfinite(v)):
                 raise ValueError(f"{name}: {v!r}, expected a non-negative number")
         if not math.isfinite(self.t_target_ms / self.knee_tokens):
             # Past the knee each token costs t_target_ms / knee_tokens: an infinite cost per
@@ -381,6 +395,7 @@ def measure_host_overhead(
     tokens, and plan the KV compaction. Target choices follow `accept` per visited node."""
     tree = _tree(tree)
     b = _count("batch_size", batch_size, 1)
+    prefix_len = _count("prefix_len", prefix_len, 0)
     _prob("accept", accept)
     rng = np.random.default_rng(seed)
     n = tree.num_nodes

@@ -28,17 +28,8 @@ import numpy as np
 import torch
 
 from specsched._core import DynamicTreeBuilder, Tree, TreeBatch
-from specsched.generate import TargetStep
+from specsched.generate import TargetStep, _float_scalar, _int_scalar
 from specsched.models.tiny import EagleHead, TinyLM, cache_mask, grow_seq
-
-
-def _int_arg(value: Any, arg: str, low: int) -> int:
-    """An int constructor argument (not a bool) >= `low`, named when it is not one."""
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{arg}: expected an int, got {type(value).__name__}")
-    if value < low:
-        raise ValueError(f"{arg}: expected >= {low}, got {value}")
-    return int(value)
 
 
 class _HeadState:
@@ -48,9 +39,10 @@ class _HeadState:
         self, target: TinyLM, head: EagleHead, headroom: int, temperature: float = 1.0
     ) -> None:
         # Finite: at inf every candidate scores the same (uniform drafts, nothing ranked).
+        temperature = _float_scalar(temperature, "temperature")
         if not 0 < temperature < float("inf"):
             raise ValueError(f"temperature: expected a finite value > 0, got {temperature}")
-        headroom = _int_arg(headroom, "headroom", 0)
+        headroom = _int_scalar(headroom, "headroom", 0)
         self.target, self.head, self.headroom = target, head, headroom
         self.temperature = temperature
         param = next(head.parameters())
@@ -217,14 +209,17 @@ class EagleDrafter(_HeadDrafter):
         headroom: int = 512,
     ) -> None:
         self.topk, self.depth, self.budget = (
-            _int_arg(topk, "topk", 1),
-            _int_arg(depth, "depth", 1),
-            _int_arg(budget, "budget", 1),
+            _int_scalar(topk, "topk", 1),
+            _int_scalar(depth, "depth", 1),
+            _int_scalar(budget, "budget", 1),
         )
         if topk > target.cfg.vocab_size:
             raise ValueError(
                 f"topk: {topk} candidates from a vocabulary of {target.cfg.vocab_size}"
             )
+        # The builder's own checks of the three together (a budget past the 1 + topk * depth
+        # nodes drafted), here rather than in `start` after the target's prefill.
+        DynamicTreeBuilder(1, self.topk, self.depth, self.budget)
         self.state = _HeadState(target, head, headroom, temperature)
         self.builder: DynamicTreeBuilder | None = None
         self.io: _BuilderIO | None = None
@@ -328,7 +323,7 @@ class EagleChainDrafter(_HeadDrafter):
     def __init__(
         self, target: TinyLM, head: EagleHead, *, depth: int = 6, headroom: int = 512
     ) -> None:
-        depth = _int_arg(depth, "depth", 1)
+        depth = _int_scalar(depth, "depth", 1)
         self.depth = depth
         self.state = _HeadState(target, head, headroom)
         self.parents = np.arange(-1, depth, dtype=np.int32)  # node i's parent is i - 1

@@ -36,7 +36,7 @@ from torch import nn
 
 from specsched._kv import compact_kv
 from specsched._torch import host_view, raw_cpu_view, synchronizer
-from specsched.generate import RetiredRows
+from specsched.generate import RetiredRows, _int_scalar
 
 WEIGHTS_DIR = Path(__file__).parent / "tiny_stdlib"
 
@@ -319,7 +319,7 @@ class TinyTarget:
 
     def __init__(self, model: TinyLM, *, headroom: int = 256) -> None:
         self.model = model
-        self.headroom = headroom
+        self.headroom = _int_scalar(headroom, "headroom", 0)
         param = next(model.parameters())
         self.device, self.dtype = param.device, param.dtype
         self.cache = torch.empty(0)
