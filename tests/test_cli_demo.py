@@ -41,6 +41,12 @@ def test_demo_table(capsys: pytest.CaptureFixture[str]) -> None:
 def test_demo_rejects_bad_arguments(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["demo", "--budget", "1"]) == 2
     assert "--budget" in capsys.readouterr().err
+    # Named before any run (an overflow naming nothing; a position error thousands of
+    # steps in).
+    assert main(["demo", "--threads", "99999999999999999999"]) == 2
+    assert "--threads must be in [0, 1024]" in capsys.readouterr().err
+    assert main(["demo", "--max-new-tokens", "8200"]) == 2
+    assert "--max-new-tokens: 8200, but the model holds 8192 positions" in capsys.readouterr().err
     # A device torch cannot make or does not have: one line and exit 2, not a traceback.
     assert main(["demo", "--device", "bogus"]) == 2
     assert "--device 'bogus'" in capsys.readouterr().err

@@ -118,7 +118,7 @@ def test_decide_profile_file_and_classes(
         # Both kinds of lengths on one command line (flags win only over a profile file).
         (["decide", "--class", "1:100:500", "--prompt-tokens", "100000"], "not both"),
         # A cost per token past the knee that overflows (every speed-up was nan).
-        (["simulate", "--t-target", "1e300", "--knee", "1e-300", "--steps", "0"], "knee_tokens"),
+        (["simulate", "--t-target", "1e12", "--knee", "1e-300", "--steps", "0"], "knee_tokens"),
         (["simulate", "--t-target", "-1"], "t_target_ms"),
         (["simulate", "--alpha", "0.5", "--per-rank", "0.5"], "not allowed with"),
         (["decide", "--prompt-tokens", "-5", "--output-tokens", "9"], "prompt_tokens"),
@@ -127,6 +127,47 @@ def test_decide_profile_file_and_classes(
         (["decide", "--class", "0.5:1"], "SHARE:PROMPT_TOKENS:OUTPUT_TOKENS"),
         (["decide", "--class", "0.5:10:10"], "shares sum to 0.5"),
         (["nonsense"], "invalid choice"),
+        # Times whose sums overflow (1e308 ms printed an infinite or nan speed-up).
+        (["simulate", "--steps", "0", "--t-target", "1e308"], "t_target_ms: 1e+308, expected"),
+        (
+            [
+                "decide",
+                "--prompt-tokens",
+                "9",
+                "--output-tokens",
+                "9",
+                "--target-forward-ms",
+                "1e308",
+            ],
+            "target_forward_ms: 1e+308",
+        ),
+        # Flags named, not the API argument they become (max_children).
+        (["simulate", "--steps", "0", "--topk", "99999999999999999999"], "--topk: 9999"),
+        (["simulate", "--steps", "0", "--depth", "0"], "--depth: 0, expected 1 to"),
+        (["simulate", "--steps", "0", "--per-rank", ""], "--per-rank: expected at least one"),
+        # Conflicting or empty flags were silently ignored.
+        (["simulate", "--steps", "0", "--measure-host", "--t-host", "5"], "not both"),
+        (
+            [
+                "decide",
+                "--prompt-tokens",
+                "9",
+                "--output-tokens",
+                "9",
+                "--measure-host",
+                "--host-overhead-ms",
+                "5",
+            ],
+            "--host-overhead-ms: give it or --measure-host, not both",
+        ),
+        (["simulate", "--steps", "0", "--plot", ""], "--plot: empty file name"),
+        (["simulate", "--steps", "0", "--plot", "/nonexistent/x.png"], "--plot: /nonexistent"),
+        (["decide", "--profile", "", "--prompt-tokens", "9", "--output-tokens", "9"], "--profile"),
+        # A sweep that fails part-way: the progress bar's line is ended before the error.
+        (
+            ["simulate", "--per-rank", "0.1,0.8", "--budget", "4,8,16,65536", "--steps", "0"],
+            "budget: the exact DP for 65536 nodes",
+        ),
     ],
 )
 def test_bad_input_is_one_line_and_nonzero(
@@ -135,8 +176,28 @@ def test_bad_input_is_one_line_and_nonzero(
     code, out, err = run(argv, capsys)
     assert code == 2
     assert message in err
-    assert len(err.strip().splitlines()) == 1, err
+    # The error has a line of its own (after a progress bar's carriage-return frames).
+    lines = err.strip().splitlines()
+    assert lines[-1].startswith("specsched") and message in lines[-1], err
+    assert all(line.startswith("\r") or "[" in line for line in lines[:-1]), err
     assert "Traceback" not in err and out == ""
+
+
+def test_simulate_shows_each_shapes_own_node_count(capsys: pytest.CaptureFixture[str]) -> None:
+    # --depth 2 --topk 1 caps the best tree at 3 nodes: its row said N = 100.
+    code, out, _ = run(["simulate", "--steps", "0", "--depth", "2", "--topk", "1",
+                        "--budget", "100"], capsys)  # fmt: skip
+    assert code == 0
+    chain, tree = out.strip().splitlines()[-2:]
+    assert chain.split()[2:4] == ["100", "chain"] and tree.split()[2:4] == ["3", "tree"]
+
+
+def test_measure_host_scales_a_huge_batch_instead_of_allocating_it() -> None:
+    # A million 16-node trees' masks are ~16 GB: measured under 64 MiB and scaled linearly.
+    tree = sim.best_tree(sim.Acceptance.iid(0.8), 16, 6, 4)
+    small = sim.measure_host_overhead(tree, 4000, min_time=0.05)
+    huge = sim.measure_host_overhead(tree, 1_000_000, min_time=0.05)
+    assert 50 < huge / small < 1000  # ~250x: the same batch timed, scaled by 10**6 / b
 
 
 def test_unknown_profile_field_from_file(

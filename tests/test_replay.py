@@ -107,4 +107,10 @@ def test_cli_replay(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as e:
         main(["replay", "--drafters", "eagle"])
     assert e.value.code == 2
+    assert main(["replay", "--budget", "99999999999999999999"]) == 2
+    assert "--budget: 99999999999999999999, a tree holds at most" in capsys.readouterr().err
+    # A budget past half the suffix index's depth leaves the suffix drafters little to
+    # match: said, not just shown as a poor row.
+    assert main([*argv[:-1], "40", "--drafters", "suffix-tree"]) == 0
+    assert "note: --budget 40 with --max-depth 64" in capsys.readouterr().err
     assert isinstance(ss.SuffixDrafter(), ss.SuffixDrafter)

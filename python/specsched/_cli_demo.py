@@ -15,6 +15,9 @@ import json
 import sys
 from typing import Any
 
+# More torch threads than any machine here has cores is a typo, not a setting.
+MAX_THREADS = 1024
+
 DEMO_PROMPTS = [
     b"    def __init__(self, name, value=None):\n        self.",
     b"import os\nimport sys\n\n\ndef main(",
@@ -104,14 +107,22 @@ def demo_command(args: argparse.Namespace) -> int:
 
     if args.max_new_tokens < 1 or args.budget < 2:
         raise ValueError("--max-new-tokens must be >= 1 and --budget >= 2")
-    if args.threads < 0:
-        raise ValueError("--threads must be >= 0")
+    if not 0 <= args.threads <= MAX_THREADS:
+        raise ValueError(f"--threads must be in [0, {MAX_THREADS}]")
     if args.threads:
         torch.set_num_threads(args.threads)
     _check_device(torch, args.device)
     meta = json.loads((WEIGHTS_DIR / "config.json").read_text())
     target, head = load_tiny(device=args.device)
     prompts = [list(p) for p in DEMO_PROMPTS]
+    # Checked before the first run: past the model's positions the error came thousands of
+    # steps in, naming no flag.
+    longest, positions = max(map(len, prompts)), target.cfg.max_positions
+    if longest + args.max_new_tokens > positions:
+        raise ValueError(
+            f"--max-new-tokens: {args.max_new_tokens}, but the model holds {positions} positions "
+            f"and the longest prompt takes {longest}: at most {positions - longest}"
+        )
     rows = []
     reference: list[list[int]] | None = None
     for name, drafter in _methods(target, head, args.budget, meta["metrics"]).items():

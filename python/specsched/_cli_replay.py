@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from typing import Any
 
+from specsched._core import MAX_NODES
 from specsched._replay import DRAFTERS, WORKLOADS, compare, stdlib_workload
 
 
@@ -60,6 +62,22 @@ def add_replay_parser(sub: Any) -> None:
 
 
 def replay_command(args: argparse.Namespace) -> int:
+    if max(args.budget) > MAX_NODES - 1:
+        raise ValueError(
+            f"--budget: {max(args.budget)}, a tree holds at most {MAX_NODES - 1} draft tokens"
+        )
+    suffix = [d for d in args.drafters if d.startswith("suffix")]
+    for budget in args.budget:
+        if suffix and budget > args.max_depth // 2:
+            # Not an error (the rule is SuffixDecoding's), but a table that shows the suffix
+            # drafters far behind for it should say why.
+            room = max(1, args.max_depth - budget)
+            print(
+                f"specsched replay: note: --budget {budget} with --max-depth {args.max_depth}: "
+                f"the suffix drafters match at most {room} context token(s) and draft at most "
+                f"--max-spec-factor times that; give --max-depth >= 2 x --budget",
+                file=sys.stderr,
+            )
     rows: list[dict[str, Any]] = []
     for kind in args.workload:
         work = stdlib_workload(kind, args.requests, args.max_len, args.seed)

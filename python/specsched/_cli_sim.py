@@ -7,6 +7,7 @@ import argparse
 import dataclasses
 import json
 import math
+import os
 import sys
 from typing import Any
 
@@ -36,15 +37,28 @@ def _ints(text: str) -> list[int]:
         ) from None
 
 
+_progress_open = False  # a progress bar is on stderr's last line, unended
+
+
 def _progress(done: int, total: int, what: str) -> None:
     """A one-line progress bar on stderr for sweeps (only when there is something to wait for)."""
+    global _progress_open
     if total < 4:
         return
     width = 24
     filled = width * done // total
-    end = "\n" if done == total else ""
+    _progress_open = done != total
+    end = "" if _progress_open else "\n"
     sys.stderr.write(f"\r{what} [{'#' * filled}{'.' * (width - filled)}] {done}/{total}{end}")
     sys.stderr.flush()
+
+
+def end_progress() -> None:
+    """Ends a progress bar a failed sweep left open, so that an error gets a line of its own."""
+    global _progress_open
+    if _progress_open:
+        sys.stderr.write("\n")
+        _progress_open = False
 
 
 # --------------------------------------------------------------------------- simulate
@@ -78,12 +92,15 @@ def add_simulate_parser(sub: Any) -> None:
 
 
 def _models(args: argparse.Namespace) -> list[Acceptance]:
+    # An empty list (`--alpha ""` from a variable that expanded empty) is not "unset".
+    for flag, values in (("--per-rank", args.per_rank), ("--per-depth", args.per_depth)):
+        if values is not None and not values:
+            raise ValueError(f"{flag}: expected at least one number")
     if args.per_rank is not None:
         return [Acceptance.per_rank(args.per_rank)]
     if args.per_depth is not None:
         return [Acceptance.per_depth(args.per_depth)]
     if args.alpha is not None and not args.alpha:
-        # An empty list (`--alpha ""` from a variable that expanded empty) is not "unset".
         raise ValueError("--alpha: expected at least one number")
     return [Acceptance.iid(a) for a in (args.alpha if args.alpha is not None else [0.8])]
 
@@ -132,6 +149,12 @@ def simulate_command(args: argparse.Namespace) -> int:
         raise ValueError(f"--budget: {max(args.budget)}, a tree holds at most {MAX_NODES} nodes")
     if args.concurrency < 1:
         raise ValueError(f"--concurrency: {args.concurrency}, expected >= 1")
+    for flag, value in (("--depth", args.depth), ("--topk", args.topk)):
+        if value is not None and not 1 <= value <= MAX_NODES:
+            raise ValueError(f"{flag}: {value}, expected 1 to {MAX_NODES}")
+    if args.measure_host and args.t_host is not None:
+        raise ValueError("--t-host: give it or --measure-host, not both")
+    _check_plot_path(args.plot)
     models = _models(args)
     for model in models:
         # The comparison chain of `budget - 1` drafts needs a depth for each of its drafts.
@@ -159,7 +182,7 @@ def simulate_command(args: argparse.Namespace) -> int:
     for i, (m, b) in enumerate(jobs):
         rows.append(_compare(m, b, cost, args.depth, args.topk, args.steps, args.seed))
         _progress(i + 1, len(jobs), "simulate")
-    if args.plot:
+    if args.plot is not None:
         _plot_simulate(args.plot, models[0], args.budget[0], cost, args.depth, args.topk)
     if args.json:
         # An infinite knee (verification free at any size) as null: JSON has no infinity.
@@ -189,12 +212,26 @@ def simulate_command(args: argparse.Namespace) -> int:
             if "simulated" in e:
                 lo, hi = e["simulated"]["ci95"]
                 simulated = f"{e['simulated']['mean_tokens']:.3f} [{lo:.3f}, {hi:.3f}]"
+            # N is each shape's own node count: a --depth / --topk cap can leave the best
+            # tree below the budget (its speed-up is for the nodes it has).
             print(
-                f"{row['model']:<{w}} {row['budget']:>3}  {name:<6} {e['depth']:>5} "
+                f"{row['model']:<{w}} {e['nodes']:>3}  {name:<6} {e['depth']:>5} "
                 f"{e['leaves']:>6} {e['expected_tokens']:>9.3f} {simulated:>24} "
                 f"{e['speedup']:>7.2f}x"
             )
     return 0
+
+
+def _check_plot_path(path: str | None) -> None:
+    """`--plot`'s file, checked before any work: an empty name wrote nothing, and a missing
+    folder failed after the sweep with an error that named no flag."""
+    if path is None:
+        return
+    if not path:
+        raise ValueError("--plot: empty file name")
+    folder = os.path.dirname(path) or "."
+    if not os.path.isdir(folder):
+        raise ValueError(f"--plot: {path}: no such folder {folder!r}")
 
 
 def _require_matplotlib() -> Any:
@@ -304,7 +341,12 @@ def add_decide_parser(sub: Any) -> None:
 
 def _profile_from_args(args: argparse.Namespace) -> Profile:
     data: dict[str, Any] = {}
-    if args.profile:
+    if args.measure_host and args.host_overhead_ms is not None:
+        raise ProfileError("--host-overhead-ms: give it or --measure-host, not both")
+    _check_plot_path(args.plot)
+    if args.profile is not None:
+        if not args.profile:
+            raise ProfileError("--profile: empty file name")
         data = dataclasses.asdict(load_profile(args.profile))
         data = {k: v for k, v in data.items() if v is not None}
     flags = {f.name: getattr(args, f.name) for f in _FLAG_FIELDS}
@@ -333,7 +375,7 @@ def _profile_from_args(args: argparse.Namespace) -> Profile:
 def decide_command(args: argparse.Namespace) -> int:
     profile = _profile_from_args(args)
     rec = decide(profile)
-    if args.plot:
+    if args.plot is not None:
         _plot_decide(args.plot, profile)
     if args.json:
         print(json.dumps(rec.to_dict(), indent=2, allow_nan=False))

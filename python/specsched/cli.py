@@ -38,6 +38,7 @@ from specsched._cli_sim import (
     add_decide_parser,
     add_simulate_parser,
     decide_command,
+    end_progress,
     simulate_command,
 )
 from specsched.testing import logits_with_choices, random_batch, target_choices
@@ -199,6 +200,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
     except (ValueError, TypeError, OSError) as e:
+        end_progress()
         print(f"specsched {args.command}: error: {e}", file=sys.stderr)
         return 2
 

@@ -192,13 +192,16 @@ def _is_number(x: Any) -> bool:
 
 
 def _positive(name: str, x: Any) -> None:
-    if not _is_number(x) or x <= 0 or (math.isinf(x) and name != "knee_tokens"):
-        raise ProfileError(f"{name}: {x!r}, expected a positive number")
+    # knee_tokens may be infinite (verification free at any size); every other value is
+    # bounded, as lengths are: 1e308 ms made every speed-up nan.
+    unbounded = name == "knee_tokens"
+    if not _is_number(x) or x <= 0 or (not unbounded and x > MAX_VALUE):
+        raise ProfileError(f"{name}: {x!r}, expected a positive number up to {MAX_VALUE:g}")
 
 
 def _non_negative(name: str, x: Any) -> None:
-    if not _is_number(x) or x < 0 or math.isinf(x):
-        raise ProfileError(f"{name}: {x!r}, expected a non-negative number")
+    if not _is_number(x) or not 0 <= x <= MAX_VALUE:
+        raise ProfileError(f"{name}: {x!r}, expected a number in [0, {MAX_VALUE:g}]")
 
 
 def _probability(name: str, x: Any) -> None:
@@ -216,6 +219,8 @@ MAX_CONCURRENCY = 1_000_000
 # Longest length a profile may give: far past any workload, and small enough that no product
 # of the model overflows a float (1e308 tokens made every speed-up nan).
 MAX_TOKENS = 1e12
+# Largest time (ms), ratio or size (GB) a profile may give, for the same reason.
+MAX_VALUE = 1e12
 
 
 def _length(name: str, x: Any, minimum: float) -> None:

@@ -53,6 +53,9 @@ __all__ = [
 
 Kind = Literal["iid", "per_depth", "per_rank", "table"]
 
+# Longest time a cost model takes, in ms (31 years): past it sums of times overflow.
+MAX_MS = 1e12
+
 
 def _prob(name: str, x: float) -> float:
     # A real number (a string or a bool is the wrong type, not a value out of range).
@@ -336,18 +339,17 @@ class CostModel:
                 bits = int(v).bit_length()
                 raise ValueError(f"{name}: an int of {bits} bits, past float64") from None
         # knee_tokens may be infinite (verification free at any size); a forward's time may
-        # not: every speed-up would come out as nan.
+        # not: every speed-up would come out as nan. Times are bounded (1e12 ms, 31 years):
+        # past that their sums overflow (1e308 ms printed an infinite speed-up).
         for name, finite in (("t_target_ms", True), ("knee_tokens", False)):
             v = getattr(self, name)
-            if not (v > 0 and not math.isnan(v)) or (
-                finite and not math.isfinite(v)
-            ):
-                kind = "a finite positive" if finite else "a positive"
-                raise ValueError(f"{name}: {v!r}, expected {kind} number")
+            if not (v > 0 and not math.isnan(v)) or (finite and not v <= MAX_MS):
+                kind = f"a positive number up to {MAX_MS:g}" if finite else "a positive number"
+                raise ValueError(f"{name}: {v!r}, expected {kind}")
         for name in ("t_draft_ms", "t_host_ms"):
             v = getattr(self, name)
-            if not (v >= 0 and math.isfinite(v)):
-                raise ValueError(f"{name}: {v!r}, expected a non-negative number")
+            if not 0 <= v <= MAX_MS:
+                raise ValueError(f"{name}: {v!r}, expected a number in [0, {MAX_MS:g}]")
         if not math.isfinite(self.t_target_ms / self.knee_tokens):
             # Past the knee each token costs t_target_ms / knee_tokens: an infinite cost per
             # token made every speed-up nan.
@@ -381,6 +383,10 @@ def speedup(expected_tokens: float, budget: int, draft_steps: int, cost: CostMod
     return expected_tokens * cost.t_target(1) / cost.step_ms(budget, draft_steps)
 
 
+# The attention masks a host-overhead measurement builds at most (see measure_host_overhead).
+_MEASURE_MASK_BYTES = 64 << 20
+
+
 def measure_host_overhead(
     tree: Tree | int,
     batch_size: int = 1,
@@ -392,13 +398,19 @@ def measure_host_overhead(
 ) -> float:
     """Median milliseconds of specsched's own host work for one step of `batch_size` copies of
     `tree`: build the batch, its positions and ragged attention mask, verify from the target's
-    tokens, and plan the KV compaction. Target choices follow `accept` per visited node."""
+    tokens, and plan the KV compaction. Target choices follow `accept` per visited node.
+
+    Each request's share of the step is its own (layouts, walk, plan), so the work grows
+    linearly with the batch: a batch whose attention masks pass 64 MiB is measured at the
+    largest size under that (at least one request) and scaled to `batch_size`, rather than
+    allocating gigabytes for one estimate (a `decide` profile may claim 10**6 requests)."""
     tree = _tree(tree)
-    b = _count("batch_size", batch_size, 1)
+    requested = _count("batch_size", batch_size, 1)
     prefix_len = _count("prefix_len", prefix_len, 0)
     _prob("accept", accept)
     rng = np.random.default_rng(seed)
     n = tree.num_nodes
+    b = max(1, min(requested, _MEASURE_MASK_BYTES // (n * (prefix_len + n))))
     parents = np.tile(tree.parents, b)
     tokens = np.tile(np.arange(n, dtype=np.int64), b)
     offsets = np.arange(b + 1, dtype=np.int64) * n
@@ -424,7 +436,7 @@ def measure_host_overhead(
         t0 = time.perf_counter()
         step()
         times.append(time.perf_counter() - t0)
-    return statistics.median(times) * 1e3
+    return statistics.median(times) * 1e3 * (requested / b)
 
 
 # Replay of model-free drafters on recorded text (issue 7); defined in specsched._replay.
