@@ -201,3 +201,16 @@ def test_method_and_budget_keys_are_named():
         ss.choose_tree([0.5], 0.1, {2**63: 0.1}, 2)
     with pytest.raises(TypeError, match="t_verify: key True is not an int budget"):
         ss.choose_tree([0.5], 0.1, {True: 0.1}, 2)
+
+
+def test_plans_too_long_to_spell_are_refused_and_halves_widen():
+    # The heap's plan spells every node's path: a 65,536-node chain's is 2.1e9 entries
+    # (~35 GB; a PanicException under a memory limit). Refused as the DP's sizes are.
+    with pytest.raises(ValueError, match="budget: the plan of 65536 nodes spells 2147450880"):
+        ss.optimal_tree([0.999], 65536)
+    assert len(ss.optimal_tree([0.999], 4096)[0]) == 4095
+    # float16 (and torch bfloat16) probabilities are widened, as the builders' scores are.
+    want = ss.optimal_tree([0.5, 0.25], 3)
+    assert ss.optimal_tree(np.array([0.5, 0.25], np.float16), 3) == want
+    torch = pytest.importorskip("torch")
+    assert ss.optimal_tree(torch.tensor([0.5, 0.25], dtype=torch.bfloat16), 3) == want

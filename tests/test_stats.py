@@ -167,3 +167,19 @@ def test_a_foreign_result_is_named_once():
     result = ss.verify(other, np.eye(8)[[4, 2, 3, 0]] * 5)
     with pytest.raises(ValueError, match=r"^result: accepted node 1 \(step 1\) holds token"):
         ss.AcceptanceStats().update(chain, result)
+
+
+def test_updates_keep_counts_within_int64():
+    # `update` added unchecked: at steps == 2**63 - 1 one more step wrapped the getters.
+    t = ss.Tree([-1, 0], [1, 2])
+    power = ss.AcceptanceStats()
+    power.update(t, ss.verify(t, np.zeros((2, 4))))  # one step, one trial, no hit
+    stats = ss.AcceptanceStats()
+    for k in range(63):  # stats = sum of 2**k steps = 2**63 - 1
+        stats.merge(power)
+        if k < 62:
+            power.merge(power)
+    assert stats.steps == 2**63 - 1
+    with pytest.raises(ValueError, match=r"^result: the counts would pass 2\*\*63 - 1"):
+        stats.update(t, ss.verify(t, np.zeros((2, 4))))
+    assert stats.steps == 2**63 - 1 and stats.trials.tolist() == [[2**63 - 1]]

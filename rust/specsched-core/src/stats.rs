@@ -20,6 +20,9 @@ pub struct AcceptanceStats {
     accepted: u64,
 }
 
+/// Largest count kept: callers read the counts as int64.
+const COUNT_LIMIT: u64 = i64::MAX as u64;
+
 impl AcceptanceStats {
     pub fn new() -> Self {
         Self::default()
@@ -65,12 +68,23 @@ impl AcceptanceStats {
                     "result",
                     format!(
                         "{which}accepted node {c} (step {j}) holds token {} in this tree, but \
-                         the result emitted {:?}; pass the tree that was verified",
+                         the result emitted {}; pass the tree that was verified",
                         tree.tokens[c as usize],
-                        emitted.get(j - 1)
+                        emitted
+                            .get(j - 1)
+                            .map_or("nothing".to_string(), i64::to_string)
                     ),
                 ));
             }
+        }
+        // Counts stay within int64, as `merge` keeps them: a step adds one trial at most to
+        // each cell, so no cell passes `steps`, and `steps` and `accepted` are checked here.
+        let drafts = (accepted.len() - 1) as u64;
+        if self.steps >= COUNT_LIMIT || self.accepted > COUNT_LIMIT - drafts {
+            return Err(Error::value(
+                "result",
+                format!("{which}the counts would pass 2**63 - 1"),
+            ));
         }
         for (j, &v) in accepted.iter().enumerate() {
             let next = accepted.get(j + 1).copied();
@@ -84,7 +98,7 @@ impl AcceptanceStats {
             }
         }
         self.steps += 1;
-        self.accepted += (accepted.len() - 1) as u64;
+        self.accepted += drafts;
         Ok(())
     }
 
@@ -200,8 +214,7 @@ impl AcceptanceStats {
     /// Adds another accumulator's counts (e.g. from another worker). Counts stay within
     /// int64, as callers read them: a merge past that is refused and changes nothing.
     pub fn merge(&mut self, other: &AcceptanceStats) -> Result<()> {
-        const LIMIT: u64 = i64::MAX as u64;
-        let fits = |a: u64, b: u64| a.checked_add(b).is_some_and(|sum| sum <= LIMIT);
+        let fits = |a: u64, b: u64| a.checked_add(b).is_some_and(|sum| sum <= COUNT_LIMIT);
         let count = |m: &[Vec<u64>], d: usize, r: usize| {
             m.get(d).and_then(|row| row.get(r)).copied().unwrap_or(0)
         };

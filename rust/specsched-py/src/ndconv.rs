@@ -139,7 +139,8 @@ pub fn float_array<'py>(
 
 /// A float vector as f64 values (a list or any 1-D float/int array).
 pub fn f64_vec(obj: &Bound<'_, PyAny>, arg: &str) -> PyResult<Vec<f64>> {
-    let a = checked(obj, arg, 1)?;
+    // bfloat16 tensors widened as the float arrays' are; float16 and integers read as float64.
+    let a = checked(&crate::convert::widen_bfloat16(obj)?, arg, 1)?;
     let dt = a.dtype();
     match (dt.kind(), dt.itemsize()) {
         (b'f', 4) => Ok(typed::<f32>(&a, arg)?
@@ -148,7 +149,7 @@ pub fn f64_vec(obj: &Bound<'_, PyAny>, arg: &str) -> PyResult<Vec<f64>> {
             .map(|&x| x as f64)
             .collect()),
         (b'f', 8) => Ok(typed::<f64>(&a, arg)?.as_array().iter().copied().collect()),
-        (b'i', _) | (b'u', _) => {
+        (b'i', _) | (b'u', _) | (b'f', 2) => {
             let np = numpy::get_array_module(obj.py())?;
             let f = np.call_method1("asarray", (a, "float64"))?;
             Ok(typed::<f64>(f.cast::<PyUntypedArray>()?, arg)?
@@ -158,7 +159,7 @@ pub fn f64_vec(obj: &Bound<'_, PyAny>, arg: &str) -> PyResult<Vec<f64>> {
                 .collect())
         }
         _ => Err(PyTypeError::new_err(format!(
-            "{arg}: expected a float array, got {dt}"
+            "{arg}: expected a float or integer array, got {dt}"
         ))),
     }
 }

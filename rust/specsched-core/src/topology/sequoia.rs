@@ -69,6 +69,10 @@ pub const MAX_DP_ENTRIES: usize = 1 << 27;
 /// for hours (depth 300, 2 ranks, 65,536 nodes) with the GIL released and no way to stop them.
 pub const MAX_DP_WORK: u128 = 1 << 36;
 
+/// The most path entries (the sum of the nodes' depths) a plan may spell out: 2^24, what
+/// [`MAX_DP_WORK`] already bounds a DP plan to (`depth · n²` covers `(depth · n)^1.5`).
+pub const MAX_PLAN_ENTRIES: usize = 1 << 24;
+
 /// Refuses a DP over `n` nodes, depth `depth` and `ranks` ranks whose tables would pass
 /// [`MAX_DP_ENTRIES`] or whose run would pass [`MAX_DP_WORK`], before anything is allocated.
 fn check_dp_size(ranks: usize, n: usize, depth: usize) -> Result<()> {
@@ -409,6 +413,19 @@ pub fn optimal_tree_heap(p: &[f64], budget: usize, max_depth: Option<usize>) -> 
                 rank: 0,
             });
         }
+    }
+    // The plan spells each node's whole path: its size is the sum of the depths, up to
+    // budget x depth (a 65,536-node chain's would be 2.1e9 entries, ~35 GB). Refused past
+    // what the DP's work limit lets its plans reach (their depth x nodes is under 2^24 there).
+    let entries: usize = level.iter().skip(1).map(|&l| l as usize).sum();
+    if entries > MAX_PLAN_ENTRIES {
+        return Err(Error::value(
+            "budget",
+            format!(
+                "the plan of {budget} nodes spells {entries} path entries (each node's depth), \
+                 more than {MAX_PLAN_ENTRIES}: pass a smaller max_depth or budget"
+            ),
+        ));
     }
     let mut choices: Vec<Vec<i64>> = Vec::with_capacity(value.len() - 1);
     for (v, &lv) in level.iter().enumerate().skip(1) {
