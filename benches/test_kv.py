@@ -71,18 +71,31 @@ def case(kind: str, small: bool = False):
     return cache, result, prefix, batch_dim
 
 
-def numpy_compact(cache: np.ndarray, result, prefix) -> None:
-    """Plan from `accepted_nodes`, then one gather and one scatter along the sequence axis."""
+def numpy_plan(result, prefix) -> tuple[np.ndarray | None, np.ndarray, np.ndarray]:
+    """`(req, src, dst)` sequence positions of the moves, from `accepted_nodes` (`req` None
+    for a single tree)."""
     acc = result.accepted_nodes
     pos = np.arange(acc.shape[-1])
     moved = (acc >= 0) & (acc != pos)
     if acc.ndim == 1:
-        src, dst = prefix + acc[moved], prefix + pos[moved]
+        return None, prefix + acc[moved], prefix + pos[moved]
+    req, j = np.nonzero(moved)
+    base = prefix[req]
+    return req, base + acc[req, j], base + j
+
+
+def numpy_apply(cache: np.ndarray, plan) -> None:
+    """One gather and one scatter along the sequence axis."""
+    req, src, dst = plan
+    if req is None:
         cache[:, :, dst] = cache[:, :, src]
     else:
-        req, j = np.nonzero(moved)
-        base = prefix[req]
-        cache[req, :, base + j] = cache[req, :, base + acc[req, j]]
+        cache[req, :, dst] = cache[req, :, src]
+
+
+def numpy_compact(cache: np.ndarray, result, prefix) -> None:
+    """The numpy peer: plan from `accepted_nodes`, then one gather and one scatter."""
+    numpy_apply(cache, numpy_plan(result, prefix))
 
 
 def reference_compact(cache: np.ndarray, result, prefix, batch_dim) -> None:
@@ -172,8 +185,10 @@ def layers_fn(name: str, buffers: list[np.ndarray], result, prefix) -> Callable[
         return reference
 
     def peer() -> None:
+        # One plan for every buffer (each call plans once), a fancy-index copy per buffer.
+        plan = numpy_plan(result, prefix)
         for b in buffers:
-            numpy_compact(b, result, prefix)
+            numpy_apply(b, plan)
 
     return peer
 

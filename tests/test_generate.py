@@ -512,6 +512,8 @@ def test_tiny_target_hands_specsched_zero_copy_host_views(shipped: tuple[Any, An
     assert isinstance(pre.logits, np.ndarray) and pre.logits.shape == (4, tt.vocab_size)
     step = tt.forward_tree(root_only(np.array([p[-1] for p in PROMPTS], dtype=np.int64)))
     assert isinstance(step.logits, np.ndarray) and step.logits.shape == (4, tt.vocab_size)
+    # Views over torch's memory own no data (a copy would own its own).
+    assert not pre.logits.flags.owndata and not step.logits.flags.owndata
     assert isinstance(tt.cache_host, np.ndarray)
     assert tt.cache_host.ctypes.data == tt.cache.data_ptr()
     assert tt.cache_host.shape == tuple(tt.cache.shape)

@@ -305,8 +305,9 @@ def test_verify_tree_greedy_matches_reference_and_ss_verify(bs, topk, steps, dat
     n = data.draw(st.integers(1, pool_size(topk, steps) + 1))
     rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
     r_index, r_next, r_sib, cand = verify_inputs(rng, bs, topk, steps, n)
-    # Target predictions drawn from the candidates' own tokens so that paths get accepted.
-    target = rng.integers(0, 20, size=(bs, n))
+    # Target predictions drawn from the request's own candidate tokens so that paths get
+    # accepted, often past the first level (tokens drawn from 0..19 rarely went past one).
+    target = np.take_along_axis(cand, rng.integers(0, n, size=(bs, n)), axis=1)
     width = data.draw(st.integers(1, steps + 1))
     predicts = np.zeros(bs * n, np.int32)
     accept_index = np.full((bs, width), -1, np.int32)

@@ -754,6 +754,17 @@ def test_cuda_nan_and_errors(dtype):
         ss.compact_kv(torch.zeros(8, 2, device=dev), r, 0, 2)
 
 
+class _OffHost(torch.Tensor):
+    """Stands in for an MPS / XPU tensor on this CPU-only machine: torch ops keep the type,
+    and numpy cannot read it until `.cpu()` has copied it to the host."""
+
+    def numpy(self, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
+        raise TypeError("can't convert an off-host tensor to numpy: use Tensor.cpu() first")
+
+    def cpu(self, *args: Any, **kwargs: Any) -> torch.Tensor:  # type: ignore[override]
+        return self.as_subclass(torch.Tensor)
+
+
 def test_device_reduction_on_a_non_cuda_device() -> None:
     """Any non-CPU device takes the device path; its choices come back through .cpu()."""
     tree = ss.Tree([-1, 0, 0, 1], [5, 6, 7, 8])
@@ -761,8 +772,15 @@ def test_device_reduction_on_a_non_cuda_device() -> None:
     for row, best in enumerate([6, 8, 0, 2]):
         logits[row, best] = 1.0
     logits[2] = float("nan")  # node 2 is not on the accepted path
-    choice, nan_rows = _torch.device_argmax(logits)
+    off_host = logits.as_subclass(_OffHost)
+    with pytest.raises(TypeError, match=r"use Tensor\.cpu"):
+        off_host.numpy()  # the stand-in has teeth
+    choice, nan_rows = _torch.device_argmax(off_host)
     assert choice.tolist()[:2] == [6, 8] and choice.tolist()[3] == 2
     assert nan_rows.tolist() == [False, False, True, False]
+    # The sampler's choices cross the same way (greedy rows and sampled ones).
+    want = ss.verify(tree, logits, reduce="device", temperature=0.5, seed=3)
+    got = ss.verify(tree, off_host, reduce="device", temperature=0.5, seed=3)
+    assert got.tokens.tolist() == want.tokens.tolist()
     with pytest.raises(TypeError, match="logits"):
         ss.verify(tree, torch.zeros(4, 10, dtype=torch.float8_e4m3fn))
