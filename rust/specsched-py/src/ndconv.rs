@@ -114,27 +114,30 @@ pub fn float_array<'py>(
     match (dt.kind(), dt.itemsize()) {
         (b'f', 4) => Ok(FloatArray::F32(typed::<f32>(&a, arg)?)),
         (b'f', 8) => Ok(FloatArray::F64(typed::<f64>(&a, arg)?)),
-        (b'f', 2) => {
-            let np = numpy::get_array_module(obj.py())?;
-            let wide = np.call_method1("asarray", (&a, "float32"))?;
-            Ok(FloatArray::F32(typed::<f32>(
-                wide.cast::<PyUntypedArray>()?,
-                arg,
-            )?))
-        }
+        (b'f', 2) => Ok(FloatArray::F32(typed::<f32>(
+            &converted(&a, "float32")?,
+            arg,
+        )?)),
         // An empty list has no element type (it converts as int64); an empty input is one.
-        (b'i' | b'u', _) if a.len() == 0 => {
-            let np = numpy::get_array_module(obj.py())?;
-            let wide = np.call_method1("asarray", (&a, "float64"))?;
-            Ok(FloatArray::F64(typed::<f64>(
-                wide.cast::<PyUntypedArray>()?,
-                arg,
-            )?))
-        }
+        (b'i' | b'u', _) if a.len() == 0 => Ok(FloatArray::F64(typed::<f64>(
+            &converted(&a, "float64")?,
+            arg,
+        )?)),
         _ => Err(PyTypeError::new_err(format!(
             "{arg}: expected a float16, float32 or float64 array, got {dt}"
         ))),
     }
+}
+
+/// `a` as numpy converts it to `dtype`: a new array (a widening, or an empty input typed).
+fn converted<'py>(
+    a: &Bound<'py, PyUntypedArray>,
+    dtype: &str,
+) -> PyResult<Bound<'py, PyUntypedArray>> {
+    let np = numpy::get_array_module(a.py())?;
+    Ok(np
+        .call_method1("asarray", (a, dtype))?
+        .cast_into::<PyUntypedArray>()?)
 }
 
 /// A float vector as f64 values (a list or any 1-D float/int array).
@@ -149,15 +152,11 @@ pub fn f64_vec(obj: &Bound<'_, PyAny>, arg: &str) -> PyResult<Vec<f64>> {
             .map(|&x| x as f64)
             .collect()),
         (b'f', 8) => Ok(typed::<f64>(&a, arg)?.as_array().iter().copied().collect()),
-        (b'i', _) | (b'u', _) | (b'f', 2) => {
-            let np = numpy::get_array_module(obj.py())?;
-            let f = np.call_method1("asarray", (a, "float64"))?;
-            Ok(typed::<f64>(f.cast::<PyUntypedArray>()?, arg)?
-                .as_array()
-                .iter()
-                .copied()
-                .collect())
-        }
+        (b'i', _) | (b'u', _) | (b'f', 2) => Ok(typed::<f64>(&converted(&a, "float64")?, arg)?
+            .as_array()
+            .iter()
+            .copied()
+            .collect()),
         _ => Err(PyTypeError::new_err(format!(
             "{arg}: expected a float or integer array, got {dt}"
         ))),
