@@ -190,6 +190,12 @@ def _big_inputs() -> dict[str, Callable[[], Any]]:
         drafting.expand_in_place()
 
     SETUP["expand_in_place"] = drafting.start_in_place
+    # 1,000 trees of 4,000 nodes accepted to their ends: the plans, slot commits, cuts and
+    # counts walk 4M nodes (each call ~20-200 ms here).
+    long_batch = ss.TreeBatch([ss.Tree.chain(np.zeros(n, np.int64))] * 1000)
+    r_long = ss.verify(long_batch, target_tokens=np.zeros(long_batch.num_nodes, np.int64))
+    slots = np.arange(long_batch.num_nodes, dtype=np.int64)
+    keep = np.full(1000, n // 2, np.int64)
     return {
         "verify_sampled": lambda: ss.verify(chain, logits, temperature=0.7, top_p=0.95, seed=1),
         "attention_mask": lambda: trees.attention_mask(400_000),
@@ -197,6 +203,11 @@ def _big_inputs() -> dict[str, Callable[[], Any]]:
         "compact_kv": lambda: ss.compact_kv(cache, r_shift, 16, seq_dim=1, batch_dim=0),
         "top_n_tree": lambda: ss.top_n_tree(parents, edge, 4096, cumulative=False),
         "expand_in_place": draft_level_in_place,
+        "kv_compaction_plan": lambda: ss.kv_compaction_plan(r_long, 7),
+        "commit_slots": lambda: ss.commit_slots(slots, r_long),
+        "truncate": lambda: r_long.truncate(keep),
+        "to_sglang": lambda: r_long.to_sglang(),
+        "stats_update": lambda: ss.AcceptanceStats().update(long_batch, r_long),
     }
 
 
@@ -209,6 +220,11 @@ def _big_inputs() -> dict[str, Callable[[], Any]]:
         "compact_kv",
         "top_n_tree",
         "expand_in_place",
+        "kv_compaction_plan",
+        "commit_slots",
+        "truncate",
+        "to_sglang",
+        "stats_update",
     ],
 )
 def test_gil_released_heartbeat(name: str) -> None:

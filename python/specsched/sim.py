@@ -416,9 +416,7 @@ def measure_host_overhead(
     offsets = np.arange(b + 1, dtype=np.int64) * n
     # The target picks the first child with probability `accept`, otherwise a token no
     # child carries, so the walk goes as deep as a real one would.
-    first_child = np.full(n, -1, dtype=np.int64)
-    for v in range(n - 1, 0, -1):
-        first_child[tree.parents[v]] = v
+    first_child = tree.sglang_links()[0]  # each node's first child, -1 at a leaf
     hit = rng.random(b * n) < accept
     choice = np.where(hit, np.tile(first_child, b), -1)
     prefix = np.full(b, prefix_len, dtype=np.int64)

@@ -341,8 +341,7 @@ fn chain_of(ctx: &[i64], draft: &[i64]) -> specsched_core::Result<Tree> {
     let mut tokens = Vec::with_capacity(draft.len() + 1);
     tokens.push(ctx[ctx.len() - 1]);
     tokens.extend_from_slice(draft);
-    let parents: Vec<i32> = (0..tokens.len() as i32).map(|i| i - 1).collect();
-    Tree::new(&parents, &tokens)
+    specsched_core::topology::chain(ndarray::ArrayView1::from(&tokens))
 }
 
 #[pymethods]

@@ -70,40 +70,56 @@ impl Committed {
     }
 }
 
-/// Moves of a result, the extents of its requests and their committed lengths; `active`
-/// (bool `[B]`, a batch only): the requests that commit (the others move nothing and keep
-/// their prefix).
-fn plan(
-    result: &AnyResult<'_>,
-    prefix_lens: &Bound<'_, PyAny>,
-    active: Option<&Bound<'_, PyAny>>,
-) -> PyResult<(Vec<Move>, Extents, Committed)> {
-    match result {
-        AnyResult::One(_) if active.is_some() => Err(PyValueError::new_err(
-            "active: one flag per request of a BatchVerifyResult; a VerifyResult has no rows",
-        )),
-        AnyResult::One(r) => {
-            let v: &Verified = &r.get().inner;
-            let p = single_prefix(prefix_lens)?;
-            let moves = kv::compaction_plan(v, p).py()?;
-            let committed = kv::committed_length(v, p).py()?;
-            Ok((
-                moves,
-                vec![(p as usize, v.num_nodes)],
-                Committed::One(committed),
-            ))
+/// A compaction plan's inputs, read from Python: the result and its requests' prefix lengths
+/// and `active` flags (bool `[B]`, a batch only: the requests that commit; the others move
+/// nothing and keep their prefix). [`PlanArgs::plan`] is the core's work, run with the GIL
+/// released.
+enum PlanArgs<'a> {
+    One(&'a Verified, i64),
+    Batch(&'a BatchVerified, Vec<i64>, Option<Vec<bool>>),
+}
+
+impl<'a> PlanArgs<'a> {
+    fn extract(
+        result: &'a AnyResult<'_>,
+        prefix_lens: &Bound<'_, PyAny>,
+        active: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Self> {
+        match result {
+            AnyResult::One(_) if active.is_some() => Err(PyValueError::new_err(
+                "active: one flag per request of a BatchVerifyResult; a VerifyResult has no rows",
+            )),
+            AnyResult::One(r) => Ok(PlanArgs::One(&r.get().inner, single_prefix(prefix_lens)?)),
+            AnyResult::Batch(r) => {
+                let v: &BatchVerified = &r.get().inner;
+                let p = batch_prefixes(v, prefix_lens)?;
+                let active = active.map(|a| bool_vec(a, "active")).transpose()?;
+                Ok(PlanArgs::Batch(v, p, active))
+            }
         }
-        AnyResult::Batch(r) => {
-            let v: &BatchVerified = &r.get().inner;
-            let p = batch_prefixes(v, prefix_lens)?;
-            let active = active.map(|a| bool_vec(a, "active")).transpose()?;
-            let active = active.as_deref();
-            let moves = kv::batch_compaction_plan(v, &p, active).py()?;
-            let extents = (0..v.num_trees())
-                .map(|b| (p[b] as usize, v.offsets[b + 1] - v.offsets[b]))
-                .collect();
-            let committed = kv::batch_committed_lengths(v, &p, active).py()?;
-            Ok((moves, extents, Committed::Batch(committed)))
+    }
+
+    /// Moves of the result, the extents of its requests and their committed lengths.
+    fn plan(&self) -> specsched_core::Result<(Vec<Move>, Extents, Committed)> {
+        match self {
+            PlanArgs::One(v, p) => {
+                let moves = kv::compaction_plan(v, *p)?;
+                let committed = kv::committed_length(v, *p)?;
+                Ok((
+                    moves,
+                    vec![(*p as usize, v.num_nodes)],
+                    Committed::One(committed),
+                ))
+            }
+            PlanArgs::Batch(v, p, active) => {
+                let active = active.as_deref();
+                let moves = kv::batch_compaction_plan(v, p, active)?;
+                let extents = (0..v.num_trees())
+                    .map(|b| (p[b] as usize, v.offsets[b + 1] - v.offsets[b]))
+                    .collect();
+                let committed = kv::batch_committed_lengths(v, p, active)?;
+                Ok((moves, extents, Committed::Batch(committed)))
+            }
         }
     }
 }
@@ -118,7 +134,8 @@ pub fn kv_compaction_plan<'py>(
     active: Option<&Bound<'py, PyAny>>,
 ) -> PyResult<Bound<'py, PyTuple>> {
     let result = AnyResult::extract(result)?;
-    let (moves, _, _) = plan(&result, prefix_lens, active)?;
+    let args = PlanArgs::extract(&result, prefix_lens, active)?;
+    let (moves, _, _) = py.detach(|| args.plan()).py()?;
     let n = moves.len();
     let src = owned(py, moves.iter().map(|m| m.src as i64).collect(), &[n])?;
     let dst = owned(py, moves.iter().map(|m| m.dst as i64).collect(), &[n])?;
@@ -188,10 +205,9 @@ pub fn compact_kv(
         }
     };
     let result = AnyResult::extract(result)?;
-    let shape = &parts[0].shape;
+    let shape = parts[0].shape.clone();
     let (seq, batch) = axes(&result, shape.len(), seq_dim, batch_dim)?;
-    let (moves, extents, committed) = plan(&result, prefix_lens, active)?;
-    kv::check_cache_shape(shape, seq, batch, &extents).py()?;
+    let args = PlanArgs::extract(&result, prefix_lens, active)?;
     // SAFETY: each description comes from a live, writeable numpy array that this call holds a
     // reference to for its whole duration; numpy guarantees every in-shape index addresses its
     // allocation, and `new_disjoint` refuses buffers that may share memory. `_borrows` holds
@@ -206,7 +222,14 @@ pub fn compact_kv(
         .enumerate()
         .map(|(i, a)| write_borrow(a, listed.then_some(i)))
         .collect::<PyResult<Vec<_>>>()?;
-    py.detach(|| kv::apply_all(&mut bufs, seq, batch, &moves))
+    // The plan, the cache's shape check and the moves in one release of the GIL.
+    let committed = py
+        .detach(|| -> specsched_core::Result<Committed> {
+            let (moves, extents, committed) = args.plan()?;
+            kv::check_cache_shape(&shape, seq, batch, &extents)?;
+            kv::apply_all(&mut bufs, seq, batch, &moves)?;
+            Ok(committed)
+        })
         .py()?;
     committed.into_py(py)
 }
@@ -379,8 +402,14 @@ pub fn cache_moves<'py>(
 ) -> PyResult<Bound<'py, PyTuple>> {
     let result = AnyResult::extract(result)?;
     let (seq, batch) = axes(&result, cache_shape.len(), seq_dim, batch_dim)?;
-    let (moves, extents, committed) = plan(&result, prefix_lens, active)?;
-    kv::check_cache_shape(&cache_shape, seq, batch, &extents).py()?;
+    let args = PlanArgs::extract(&result, prefix_lens, active)?;
+    let (moves, committed) = py
+        .detach(|| -> specsched_core::Result<_> {
+            let (moves, extents, committed) = args.plan()?;
+            kv::check_cache_shape(&cache_shape, seq, batch, &extents)?;
+            Ok((moves, committed))
+        })
+        .py()?;
     let n = moves.len();
     let req = owned(py, moves.iter().map(|m| m.req as i64).collect(), &[n])?;
     let src = owned(py, moves.iter().map(|m| m.src as i64).collect(), &[n])?;
@@ -400,14 +429,16 @@ pub fn commit_slots<'py>(
     let arr = int_array1(slots, "slots", false)?;
     match result {
         AnyResult::One(r) => {
+            let inner = &r.get().inner;
             let (kept, freed) =
-                with_int_view!(arr, v => kv::commit_slots(v, &r.get().inner)).py()?;
+                with_int_view!(arr, v => py.detach(|| kv::commit_slots(v, inner))).py()?;
             let (k, f) = (kept.len(), freed.len());
             PyTuple::new(py, [owned(py, kept, &[k])?, owned(py, freed, &[f])?])
         }
         AnyResult::Batch(r) => {
             let inner = &r.get().inner;
-            let (kept, freed) = with_int_view!(arr, v => kv::batch_commit_slots(v, inner)).py()?;
+            let (kept, freed) =
+                with_int_view!(arr, v => py.detach(|| kv::batch_commit_slots(v, inner))).py()?;
             let f = freed.len();
             PyTuple::new(
                 py,

@@ -34,7 +34,13 @@ impl PyAcceptanceStats {
     }
 
     /// Records a verified Tree + VerifyResult, or a TreeBatch + BatchVerifyResult.
-    fn update(&mut self, tree: &Bound<'_, PyAny>, result: &Bound<'_, PyAny>) -> PyResult<()> {
+    fn update(
+        &mut self,
+        py: Python<'_>,
+        tree: &Bound<'_, PyAny>,
+        result: &Bound<'_, PyAny>,
+    ) -> PyResult<()> {
+        let stats = &mut self.inner;
         if let (Ok(t), Ok(r)) = (tree.cast::<PyTree>(), result.cast::<PyVerifyResult>()) {
             let (t, r) = (&t.get().inner, &r.get().inner);
             // Check before counting: a mismatched pair must not leave partial counts.
@@ -45,9 +51,8 @@ impl PyAcceptanceStats {
                     t.num_nodes()
                 )));
             }
-            return self
-                .inner
-                .observe(t.view(), &r.accepted_nodes, &r.tokens, "")
+            return py
+                .detach(|| stats.observe(t.view(), &r.accepted_nodes, &r.tokens, ""))
                 .py();
         }
         if let (Ok(b), Ok(r)) = (
@@ -55,7 +60,7 @@ impl PyAcceptanceStats {
             result.cast::<PyBatchVerifyResult>(),
         ) {
             let (b, r) = (&b.get().inner, &r.get().inner);
-            return self.inner.observe_batch(b, r).py();
+            return py.detach(|| stats.observe_batch(b, r)).py();
         }
         Err(PyTypeError::new_err(format!(
             "tree / result: expected (Tree, VerifyResult) or (TreeBatch, BatchVerifyResult), got ({}, {})",

@@ -581,10 +581,9 @@ impl PyTreeBatch {
         prefix_lens: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyArray1<i64>>> {
         let prefix = self.prefix_or_zero(prefix_lens)?;
-        Ok(usize_array(
-            py,
-            &layout::ragged_mask_indptr(&self.inner, &prefix).py()?,
-        ))
+        let b = &self.inner;
+        let indptr = py.detach(|| layout::ragged_mask_indptr(b, &prefix)).py()?;
+        Ok(usize_array(py, &indptr))
     }
 
     #[pyo3(signature = (prefix_lens=None, dtype=None, *, out=None))]

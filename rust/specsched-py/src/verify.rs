@@ -138,19 +138,21 @@ impl PyBatchVerifyResult {
 
     /// The result as if each row had stopped after its first `keep[b]` tokens (a path cut at
     /// EOS): `keep[b]` in `1..=num_accepted[b] + 1`; the last kept token is the row's bonus.
-    fn truncate(&self, keep: &Bound<'_, PyAny>) -> PyResult<PyBatchVerifyResult> {
+    fn truncate(&self, py: Python<'_>, keep: &Bound<'_, PyAny>) -> PyResult<PyBatchVerifyResult> {
         let keep = crate::convert::int_array1(keep, "keep", false)?;
         let keep: Vec<i64> =
             crate::convert::with_int_view!(keep, v => v.iter().map(|&x| x.to_i64()).collect());
+        let inner = &self.inner;
         Ok(PyBatchVerifyResult {
-            inner: self.inner.truncate(&keep).py()?,
+            inner: py.detach(|| inner.truncate(&keep)).py()?,
         })
     }
 
     /// SGLang `verify_tree_greedy` outputs: `(predicts int32 [T], accept_index int32 [B, D+1],
     /// accept_length int32 [B])`.
     fn to_sglang<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
-        let (pred, idx, len) = verify::sglang_outputs(&self.inner).py()?;
+        let inner = &self.inner;
+        let (pred, idx, len) = py.detach(|| verify::sglang_outputs(inner)).py()?;
         let t = pred.len();
         let shape = [self.inner.num_trees(), self.inner.width];
         PyTuple::new(
