@@ -214,3 +214,16 @@ def test_plans_too_long_to_spell_are_refused_and_halves_widen():
     assert ss.optimal_tree(np.array([0.5, 0.25], np.float16), 3) == want
     torch = pytest.importorskip("torch")
     assert ss.optimal_tree(torch.tensor([0.5, 0.25], dtype=torch.bfloat16), 3) == want
+
+
+def test_max_depth_zero_is_refused_by_rust_and_the_reference_alike():
+    # The reference read 0 as 1 and returned a tree deeper than max_depth; Rust refused it.
+    for call in (
+        lambda m: m.optimal_tree([0.5, 0.2], 4, 0),
+        lambda m: m.choose_tree([0.5], 0.1, {1: 1.0, 4: 1.2}, 0),
+    ):
+        for module in (ss, ref):
+            with pytest.raises(ValueError, match="max_depth: must be >= 1"):
+                call(module)
+    with pytest.raises(ValueError, match="max_depth: must be >= 1"):
+        ref.optimal_tree_heap([0.5, 0.2], 4, 0)

@@ -69,7 +69,8 @@ def replay_command(args: argparse.Namespace) -> int:
     suffix = [d for d in args.drafters if d.startswith("suffix")]
     for budget in args.budget:
         if suffix and budget > args.max_depth // 2:
-            # Not an error (the rule is SuffixDecoding's), but a table that shows the suffix
+            # Not an error (docs/api.md's match rule: the longest match that leaves room for
+            # a full-budget chain under --max-depth), but a table that shows the suffix
             # drafters far behind for it should say why.
             room = max(1, args.max_depth - budget)
             print(

@@ -1369,6 +1369,8 @@ def optimal_tree(
     best(m, l) = 1 + max over b children of the best split of m-1 nodes among ranks 0..b-1."""
     import functools
 
+    if max_depth is not None and max_depth < 1:
+        raise ValueError("max_depth: must be >= 1")
     depth = max(1, budget - 1 if max_depth is None else min(max_depth, budget - 1))
     p = list(accept_probs)
 
@@ -1408,6 +1410,8 @@ def optimal_tree_heap(
 ) -> tuple[list[tuple[int, ...]], float]:
     """Greedy best-first growth for a non-increasing vector: repeatedly add the most valuable
     node whose parent and previous sibling are already in the tree."""
+    if max_depth is not None and max_depth < 1:
+        raise ValueError("max_depth: must be >= 1")
     depth = budget - 1 if max_depth is None else max_depth
     p = list(accept_probs)
     chosen: dict[tuple[int, ...], float] = {(): 1.0}
@@ -1438,6 +1442,8 @@ def choose_tree(
     """`(budget, depth, expected_length, time_per_token)` minimizing
     (depth * t_draft + t_verify[budget]) / expected_length; budget 1 drafts nothing (depth 0);
     ties (within a relative 1e-12) to the smaller budget, then the shallower depth."""
+    if max_depth < 1:
+        raise ValueError("max_depth: must be >= 1")
     best: tuple[float, int, int, float] | None = None
     for n in sorted(t_verify):
         depths_ = [0] if n == 1 else range(1, min(max_depth, n - 1) + 1)
