@@ -471,3 +471,11 @@ def test_token_arrays_are_measured_before_they_are_copied():
         ss.SuffixDrafter().start_request(1, huge)
     with pytest.raises(ValueError, match=r"contexts\[0\]: 8589934592 entries, more than"):
         ss.NgramDrafter().propose_batch([huge])
+
+
+def test_propose_batch_names_budgets_against_request_ids():
+    drafter = ss.SuffixDrafter()
+    drafter.start_request(1, [1, 2, 3])
+    drafter.start_request(2, [1, 2, 4])
+    with pytest.raises(ValueError, match=r"budgets: has 3 entries, expected one per request_ids"):
+        drafter.propose_batch([1, 2], [4, 3, 2])

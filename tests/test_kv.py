@@ -844,3 +844,20 @@ def test_buffer_descriptions_past_the_address_space_are_refused():
     with pytest.raises(ValueError, match=r"cache\[0\]: 2 axes but 1 strides"):
         _core.check_cache_buffers([(4096, [4, 4], [16], 4)])
     _core.check_cache_buffers([(4096, [4, 4], [16, 4], 4), (8192, [4, 4], [16, 4], 4)])
+
+
+def test_broadcast_flags_and_cuts_are_measured_before_they_are_copied():
+    # `active` and `keep` views of 2**40 entries were copied first: the process aborted.
+    batch = ss.TreeBatch.from_flat([-1, 0, -1, 0], [1, 2, 3, 4], [0, 2, 4])
+    result = ss.verify(batch, target_tokens=np.array([2, 0, 4, 0]))
+    huge_flags = np.broadcast_to(np.True_, (2**40,))
+    for call in (
+        lambda: ss.kv_compaction_plan(result, [1, 1], active=huge_flags),
+        lambda: ss.compact_kv(
+            np.zeros((2, 8, 2), np.float32), result, [1, 1], 1, batch_dim=0, active=huge_flags
+        ),
+    ):
+        with pytest.raises(ValueError, match="active: has 1099511627776 entries, more than"):
+            call()
+    with pytest.raises(ValueError, match="keep: has 1099511627776 entries, more than"):
+        result.truncate(np.broadcast_to(np.int64(1), (2**40,)))

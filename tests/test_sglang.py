@@ -642,6 +642,13 @@ def test_lengths_whose_sum_or_positions_pass_int64_are_refused():
         pl[:1], sel[:1], seq_lens=np.array([big - 2]), seq_lens_sum=big - 2, tree_mask_mode=1
     )
     assert fits[1].min() == big - 2 and fits[1].max() == big - 1
+    # The bound is the tree's depth, at most spec_steps, not N - 1: one draft step at N = 4
+    # reaches position seq_len + 1.
+    one_step = sg.build_tree_kernel_efficient(
+        np.zeros(1, np.int64), np.array([[-1, 0, 1, 2, 3]]), np.array([[0, 1, 2]]),
+        np.zeros((1, 3), np.int64), np.array([big - 1]), big - 1, 4, 1, 4, 1,
+    )  # fmt: skip
+    assert one_step[1].tolist() == [big - 1, big, big, big]
 
 
 def test_aliasing_is_seen_through_tensors_and_buffers_given_to_the_binding():

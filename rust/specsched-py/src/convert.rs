@@ -267,12 +267,39 @@ fn bool_array1<'py>(obj: &Bound<'py, PyAny>, arg: &str) -> PyResult<PyReadonlyAr
 /// bytes are read as `u8`.
 pub fn bool_vec(obj: &Bound<'_, PyAny>, arg: &str) -> PyResult<Vec<bool>> {
     let borrowed = bool_array1(obj, arg)?;
+    check_batch_len(borrowed.len(), arg)?;
     let raw = borrowed.as_array().raw_view();
     // SAFETY: `u8` has the size and alignment of `bool` and every bit pattern is a valid
     // `u8`, so the bytes are read as what they are; the view lives while `borrowed` holds
     // the array's read borrow.
     let bytes = unsafe { raw.cast::<u8>().deref_into_view() };
     Ok(bytes.iter().map(|&b| b != 0).collect())
+}
+
+/// Refuses a per-request or per-node array (`active`, `keep`, `nan_rows`) longer than any
+/// batch, before its entries are copied: a broadcast view can claim any length at no cost,
+/// and copying 2^40 entries aborted the process. The callee checks the exact count.
+pub fn check_batch_len(len: usize, arg: &str) -> PyResult<()> {
+    let max = specsched_core::tree::MAX_BATCH_NODES;
+    if len > max {
+        return Err(PyValueError::new_err(format!(
+            "{arg}: has {len} entries, more than a batch holds ({max} nodes)"
+        )));
+    }
+    Ok(())
+}
+
+/// `values` collected into a vector reserved fallibly: a failed allocation is a MemoryError
+/// naming `arg`, not an abort of the process.
+pub fn try_collect<T>(len: usize, values: impl Iterator<Item = T>, arg: &str) -> PyResult<Vec<T>> {
+    let mut v = Vec::new();
+    v.try_reserve_exact(len).map_err(|_| {
+        pyo3::exceptions::PyMemoryError::new_err(format!(
+            "{arg}: {len} entries do not fit in memory"
+        ))
+    })?;
+    v.extend(values);
+    Ok(v)
 }
 
 /// Extracts a 1-D int32/int64 (and uint32 when `allow_u32`) array of any strides.
@@ -387,16 +414,21 @@ impl<'py> PerRequest<'py> {
         Ok(PerRequest::Each(int_array1(obj, arg, true)?, arg))
     }
 
-    /// One value per request of `num_trees`; an array of another length is refused before
+    /// One value per tree of `num_trees`; an array of another length is refused before
     /// any entry is read.
     pub fn into_vec(self, num_trees: usize) -> PyResult<Vec<i64>> {
+        self.into_vec_of(num_trees, "tree")
+    }
+
+    /// One value per `what` of `count` (in messages: "expected one per {what}").
+    pub fn into_vec_of(self, count: usize, what: &str) -> PyResult<Vec<i64>> {
         match self {
-            PerRequest::All(p) => Ok(vec![p; num_trees]),
+            PerRequest::All(p) => Ok(vec![p; count]),
             PerRequest::Each(arr, arg) => {
                 let len = with_int_view!(arr, v => v.len());
-                if len != num_trees {
+                if len != count {
                     return Err(PyValueError::new_err(format!(
-                        "{arg}: has {len} entries, expected one per tree ({num_trees})"
+                        "{arg}: has {len} entries, expected one per {what} ({count})"
                     )));
                 }
                 Ok(with_int_view!(arr, v => v.iter().map(|&x| x.to_i64()).collect()))

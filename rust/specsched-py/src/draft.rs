@@ -16,7 +16,8 @@ use specsched_core::draft::MAX_CONTEXT_TOKENS;
 use specsched_core::{Tree, TreeBatch};
 
 use crate::convert::{
-    int_array1, owned, set_readonly, with_int_view, IntArray1, IntoPyResult, PerRequest,
+    int_array1, owned, set_readonly, try_collect, with_int_view, IntArray1, IntoPyResult,
+    PerRequest,
 };
 use crate::tree::{PyTree, PyTreeBatch};
 
@@ -34,7 +35,11 @@ fn token_array<'py>(obj: &Bound<'py, PyAny>, arg: &str) -> PyResult<IntArray1<'p
 
 fn int_list(obj: &Bound<'_, PyAny>, arg: &str) -> PyResult<Vec<i64>> {
     let a = token_array(obj, arg)?;
-    Ok(with_int_view!(a, v => v.iter().map(|x| specsched_core::IndexLike::to_i64(*x)).collect()))
+    with_int_view!(a, v => try_collect(
+        v.len(),
+        v.iter().map(|x| specsched_core::IndexLike::to_i64(*x)),
+        arg,
+    ))
 }
 
 /// Runs `f` on the tokens as an `i64` slice: the array's own memory when it is a contiguous
@@ -46,10 +51,12 @@ fn with_tokens<R>(obj: &Bound<'_, PyAny>, arg: &str, f: impl FnOnce(&[i64]) -> R
             return Ok(f(s));
         }
     }
-    Ok(f(&with_int_view!(a, v => v
-        .iter()
-        .map(|x| specsched_core::IndexLike::to_i64(*x))
-        .collect::<Vec<i64>>())))
+    let copy = with_int_view!(a, v => try_collect(
+        v.len(),
+        v.iter().map(|x| specsched_core::IndexLike::to_i64(*x)),
+        arg,
+    ))?;
+    Ok(f(&copy))
 }
 
 fn sequence<'py>(obj: &Bound<'py, PyAny>, arg: &str) -> PyResult<Vec<Bound<'py, PyAny>>> {
@@ -289,7 +296,8 @@ impl PySuffixDrafter {
         }
         // The shared options first, so their errors name them rather than `budgets[0]`.
         options(1, min_prob, max_spec_factor, chain)?;
-        let budgets = PerRequest::extract(budgets, "budgets")?.into_vec(ids.len())?;
+        let budgets =
+            PerRequest::extract(budgets, "budgets")?.into_vec_of(ids.len(), "request_ids entry")?;
         let opts = budgets
             .iter()
             .enumerate()
@@ -466,10 +474,14 @@ impl<'a> TokenView<'a> {
         let tokens: Cow<'a, [i64]> = match self {
             TokenView::I64(v) => match v.to_slice() {
                 Some(s) => Cow::Borrowed(s),
-                None => Cow::Owned(v.to_vec()),
+                None => Cow::Owned(try_collect(v.len(), v.iter().copied(), arg)?),
             },
-            TokenView::I32(v) => Cow::Owned(v.iter().map(|&x| i64::from(x)).collect()),
-            TokenView::U32(v) => Cow::Owned(v.iter().map(|&x| i64::from(x)).collect()),
+            TokenView::I32(v) => {
+                Cow::Owned(try_collect(v.len(), v.iter().map(|&x| i64::from(x)), arg)?)
+            }
+            TokenView::U32(v) => {
+                Cow::Owned(try_collect(v.len(), v.iter().map(|&x| i64::from(x)), arg)?)
+            }
         };
         match specsched_core::draft::bad_token(arg, &tokens) {
             Some(msg) => Err(PyValueError::new_err(msg)),

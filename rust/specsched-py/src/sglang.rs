@@ -8,7 +8,7 @@ use pyo3::prelude::*;
 
 use specsched_core::topology::sglang::{self, BuildOut, GreedyIn, MaskOut};
 
-use crate::convert::{owned, IntoPyResult};
+use crate::convert::{owned, try_collect, IntoPyResult};
 use crate::ndconv::{
     check_outputs_disjoint, fixed, float_array, i64_array, out_array, with_float_view,
 };
@@ -32,8 +32,9 @@ pub fn sglang_organize<'py>(
     // Sized only once the pool is known to hold the candidates: `num_draft_token` is the
     // caller's, and a vector of it would be allocated before the kernel refuses it.
     let (bs, k) = sglang::organize_output_shape(scores_dim, tv.dim(), num_draft_token).py()?;
-    let mut idx = vec![0i64; bs * k];
-    let mut toks = vec![0i64; bs * k];
+    // Fallibly: a broadcast pool claims any batch size at no cost.
+    let zeros = || try_collect(bs * k, std::iter::repeat_n(0i64, bs * k), "score_list");
+    let (mut idx, mut toks) = (zeros()?, zeros()?);
     with_float_view!(s, sv => {
         let sv = fixed(sv, "score_list")?;
         py.detach(|| sglang::organize_draft_results(sv, tv, num_draft_token, &mut idx, &mut toks))

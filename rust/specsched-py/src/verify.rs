@@ -140,8 +140,10 @@ impl PyBatchVerifyResult {
     /// EOS): `keep[b]` in `1..=num_accepted[b] + 1`; the last kept token is the row's bonus.
     fn truncate(&self, py: Python<'_>, keep: &Bound<'_, PyAny>) -> PyResult<PyBatchVerifyResult> {
         let keep = crate::convert::int_array1(keep, "keep", false)?;
-        let keep: Vec<i64> =
-            crate::convert::with_int_view!(keep, v => v.iter().map(|&x| x.to_i64()).collect());
+        let keep: Vec<i64> = crate::convert::with_int_view!(keep, v => {
+            crate::convert::check_batch_len(v.len(), "keep")?;
+            v.iter().map(|&x| x.to_i64()).collect()
+        });
         let inner = &self.inner;
         Ok(PyBatchVerifyResult {
             inner: py.detach(|| inner.truncate(&keep)).py()?,

@@ -523,8 +523,10 @@ fn build_tree_rows(
             format!("expected {bs} rows, got {}", parent_list.nrows()),
         ));
     }
-    // A request's positions run from its length to its length + depth (< N): int64 all.
-    let last_position = i64::MAX as usize - (n - 1);
+    // A request's positions run from its length to its length + depth, and a node is at most
+    // `steps` draft steps (and N - 1 nodes) below the root: int64 all.
+    let deepest = (n - 1).min(steps);
+    let last_position = i64::MAX as usize - deepest;
     if let Some((b, s)) = seq_lens
         .iter()
         .enumerate()
@@ -532,10 +534,7 @@ fn build_tree_rows(
     {
         return Err(Error::value(
             "seq_lens",
-            format!(
-                "seq_lens[{b}] = {s}: positions up to {s} + {} do not fit in int64",
-                n - 1
-            ),
+            format!("seq_lens[{b}] = {s}: positions up to {s} + {deepest} do not fit in int64"),
         ));
     }
     let total = bs * n;
