@@ -45,8 +45,11 @@ def test_demo_rejects_bad_arguments(capsys: pytest.CaptureFixture[str]) -> None:
     # steps in).
     assert main(["demo", "--threads", "99999999999999999999"]) == 2
     assert "--threads must be in [0, 1024]" in capsys.readouterr().err
-    assert main(["demo", "--max-new-tokens", "8200"]) == 2
-    assert "--max-new-tokens: 8200, but the model holds 8192 positions" in capsys.readouterr().err
+    # The longest prompt is 60 tokens; the last token emitted is never fed back: 8133 fit.
+    assert main(["demo", "--max-new-tokens", "8134"]) == 2
+    assert "8192 positions and the longest prompt takes 60: at most 8133" in (
+        capsys.readouterr().err
+    )
     # A device torch cannot make or does not have: one line and exit 2, not a traceback.
     assert main(["demo", "--device", "bogus"]) == 2
     assert "--device 'bogus'" in capsys.readouterr().err

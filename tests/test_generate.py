@@ -396,6 +396,7 @@ def test_model_free_drafter_arguments_are_checked_by_name() -> None:
         ({"min_prob": "x"}, TypeError, "min_prob: expected a number, got str"),
         ({"max_spec_factor": -1}, ValueError, "max_spec_factor: expected a finite value >= 0"),
         ({"chain": 1}, TypeError, "chain: expected a bool, got int"),
+        ({"budget": 2**63}, ValueError, "budget: 9223372036854775808 does not fit in int64"),
     ]:
         with pytest.raises(exc, match=match):
             SuffixTreeDrafter(**kw)

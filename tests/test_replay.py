@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 import specsched as ss
 from specsched import reference as ref
@@ -112,5 +113,16 @@ def test_cli_replay(capsys: pytest.CaptureFixture[str]) -> None:
     # A budget past half the suffix index's depth leaves the suffix drafters little to
     # match: said, not just shown as a poor row.
     assert main([*argv[:-1], "40", "--drafters", "suffix-tree"]) == 0
-    assert "note: --budget 40 with --max-depth 64" in capsys.readouterr().err
+    note = capsys.readouterr().err
+    assert "note: --budget 40 with --max-depth 64" in note and "at most 24 context" in note
+    # The documented rule's other bound (max_depth - 1: a depth-1 index never matches), and
+    # advice that can be followed (max_depth is at most 4096).
+    assert main([*argv[:-1], "4", "--max-depth", "1", "--drafters", "suffix-tree"]) == 0
+    assert "at most 0 context token(s)" in capsys.readouterr().err
+    assert main([*argv[:-1], "3000", "--max-depth", "4096", "--drafters", "suffix-tree"]) == 0
+    assert "lower --budget (--max-depth is at most 4096)" in capsys.readouterr().err
+    # A numpy budget is a plain int in the result (its JSON failed).
+    work = sim.stdlib_workload("edit", 1, 300, 0)
+    result = sim.replay(work, "ngram", budget=np.int64(4))
+    assert json.dumps(result.as_dict())
     assert isinstance(ss.SuffixDrafter(), ss.SuffixDrafter)

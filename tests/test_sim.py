@@ -270,6 +270,13 @@ def test_bad_types() -> None:
     with pytest.raises(ValueError, match="t_target_ms: an int of 1329 bits, past float64"):
         CostModel(t_target_ms=10**400)
     assert CostModel(t_target_ms=np.float32(2.0)).t_target(1) == 2.0
+    # What float() reads is a probability's type: numpy and torch scalars, Fractions.
+    import fractions
+
+    assert Acceptance.iid(np.array(0.5)).values == (0.5,)
+    assert Acceptance.iid(fractions.Fraction(1, 2)).values == (0.5,)
+    torch = pytest.importorskip("torch")
+    assert Acceptance.per_rank(torch.tensor([0.5, 0.25])).values == (0.5, 0.25)
     with pytest.raises(TypeError, match="model"):
         sim.expected_accept_length(3, "0.5")  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="tree"):

@@ -116,12 +116,13 @@ def demo_command(args: argparse.Namespace) -> int:
     target, head = load_tiny(device=args.device)
     prompts = [list(p) for p in DEMO_PROMPTS]
     # Checked before the first run: past the model's positions the error came thousands of
-    # steps in, naming no flag.
+    # steps in, naming no flag. The last token emitted is never fed back, so a prompt of L
+    # tokens leaves room for max_positions - L + 1.
     longest, positions = max(map(len, prompts)), target.cfg.max_positions
-    if longest + args.max_new_tokens > positions:
+    if longest + args.max_new_tokens > positions + 1:
         raise ValueError(
             f"--max-new-tokens: {args.max_new_tokens}, but the model holds {positions} positions "
-            f"and the longest prompt takes {longest}: at most {positions - longest}"
+            f"and the longest prompt takes {longest}: at most {positions - longest + 1}"
         )
     rows = []
     reference: list[list[int]] | None = None

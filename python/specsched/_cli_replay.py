@@ -11,6 +11,9 @@ from typing import Any
 from specsched._core import MAX_NODES
 from specsched._replay import DRAFTERS, WORKLOADS, compare, stdlib_workload
 
+# SuffixDrafter's largest max_depth (docs/api.md).
+MAX_SUFFIX_DEPTH = 4096
+
 
 def _names(allowed: tuple[str, ...]) -> Any:
     def parse(text: str) -> list[str]:
@@ -72,11 +75,16 @@ def replay_command(args: argparse.Namespace) -> int:
             # Not an error (docs/api.md's match rule: the longest match that leaves room for
             # a full-budget chain under --max-depth), but a table that shows the suffix
             # drafters far behind for it should say why.
-            room = max(1, args.max_depth - budget)
+            room = min(args.max_depth - 1, max(1, args.max_depth - budget))
+            fix = (
+                "raise --max-depth to 2 x --budget"
+                if 2 * budget <= MAX_SUFFIX_DEPTH
+                else f"lower --budget (--max-depth is at most {MAX_SUFFIX_DEPTH})"
+            )
             print(
                 f"specsched replay: note: --budget {budget} with --max-depth {args.max_depth}: "
                 f"the suffix drafters match at most {room} context token(s) and draft at most "
-                f"--max-spec-factor times that; give --max-depth >= 2 x --budget",
+                f"--max-spec-factor times that; {fix}",
                 file=sys.stderr,
             )
     rows: list[dict[str, Any]] = []

@@ -133,6 +133,7 @@ def replay(
     cache of `max_global_tokens`; `ngram` is vLLM's prompt lookup with `k = budget`.
     """
     _check(workload, budget, drafter)
+    budget = int(budget)  # a numpy int would reach the result (and its JSON) as one
     suffix = SuffixDrafter(max_depth, max_global_tokens)
     ngram = NgramDrafter(min_n, max_n, budget)
     steps = tokens = accepted = 0

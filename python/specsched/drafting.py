@@ -54,6 +54,8 @@ class SuffixTreeDrafter:
         # Checked here, not at the first `propose` after the target's prefill (where the
         # errors would name `budgets`, the index's argument).
         budget = _int_scalar(budget, "budget", 1)
+        if budget > np.iinfo(np.int64).max:
+            raise ValueError(f"budget: {budget} does not fit in int64")
         min_prob = _float_scalar(min_prob, "min_prob")
         if not 0 < min_prob <= 1:
             raise ValueError(f"min_prob: expected a value in (0, 1], got {min_prob}")

@@ -58,13 +58,18 @@ MAX_MS = 1e12
 
 
 def _prob(name: str, x: float) -> float:
-    # A real number (a string or a bool is the wrong type, not a value out of range).
-    if isinstance(x, (bool, np.bool_)) or not isinstance(x, (int, float, np.integer, np.floating)):
+    # Anything `float()` reads (a numpy or torch scalar, a Fraction), but not text or a bool:
+    # those are the wrong type, not a value out of range.
+    if isinstance(x, (bool, np.bool_, str, bytes)):
         raise TypeError(f"{name}: expected a probability in [0, 1], got {type(x).__name__}")
     try:
         x = float(x)
     except OverflowError:  # an int past float64: out of range
         raise ValueError(f"{name}: {x} is not a probability in [0, 1]") from None
+    except (TypeError, ValueError):
+        raise TypeError(
+            f"{name}: expected a probability in [0, 1], got {type(x).__name__}"
+        ) from None
     if not (0.0 <= x <= 1.0):  # also rejects NaN
         raise ValueError(f"{name}: {x} is not a probability in [0, 1]")
     return x
