@@ -190,9 +190,10 @@ def _big_inputs() -> dict[str, Callable[[], Any]]:
         drafting.expand_in_place()
 
     SETUP["expand_in_place"] = drafting.start_in_place
-    # 1,000 trees of 4,000 nodes accepted to their ends: the plans, slot commits, cuts and
-    # counts walk 4M nodes (each call ~20-200 ms here).
-    long_batch = ss.TreeBatch([ss.Tree.chain(np.zeros(n, np.int64))] * 1000)
+    # 1,000 detours of 4,000 nodes: every request moves ~4,000 entries, so the plans, slot
+    # commits, cuts and counts each handle ~4M nodes (a chain accepted whole moves nothing:
+    # its plan took under 4 ms, too short to observe).
+    long_batch = ss.TreeBatch([detour] * 1000)
     r_long = ss.verify(long_batch, target_tokens=np.zeros(long_batch.num_nodes, np.int64))
     slots = np.arange(long_batch.num_nodes, dtype=np.int64)
     keep = np.full(1000, n // 2, np.int64)
