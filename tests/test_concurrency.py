@@ -156,12 +156,10 @@ def _heartbeat_during(call: Callable[[], Any]) -> tuple[int, float]:
     return sum(lo <= x <= hi for x in stamps), t1 - t0
 
 
-# What a big input's call needs before each run, outside the timed call.
-SETUP: dict[str, Callable[[], Any]] = {}
-
-
 @functools.cache
-def _big_inputs() -> dict[str, Callable[[], Any]]:
+def _big_inputs() -> dict[str, tuple[Callable[[], Any], Callable[[], Any]]]:
+    """Per name, `(setup, call)`: what the call needs before each run, outside the timed
+    call, and the call."""
     rng = np.random.default_rng(1)
     chain = ss.Tree.chain(np.zeros(48, dtype=np.int64))
     vocab = 100_000
@@ -186,10 +184,10 @@ def _big_inputs() -> dict[str, Callable[[], Any]]:
     buf.topk_logprobs[:] = -rng.exponential(size=buf.topk_logprobs.shape)
 
     def draft_level_in_place() -> None:
-        # Started untimed, before each run (see SETUP): only the level itself is observed.
+        # Started untimed, before each run (its setup): only the level itself is observed.
         drafting.expand_in_place()
 
-    SETUP["expand_in_place"] = drafting.start_in_place
+    setups: dict[str, Callable[[], Any]] = {"expand_in_place": drafting.start_in_place}
     # 1,000 detours of 4,000 nodes: every request moves ~4,000 entries, so the plans, slot
     # commits, cuts and counts each handle ~4M nodes (a chain accepted whole moves nothing:
     # its plan took under 4 ms, too short to observe).
@@ -197,7 +195,7 @@ def _big_inputs() -> dict[str, Callable[[], Any]]:
     r_long = ss.verify(long_batch, target_tokens=np.zeros(long_batch.num_nodes, np.int64))
     slots = np.arange(long_batch.num_nodes, dtype=np.int64)
     keep = np.full(1000, n // 2, np.int64)
-    return {
+    calls: dict[str, Callable[[], Any]] = {
         "verify_sampled": lambda: ss.verify(chain, logits, temperature=0.7, top_p=0.95, seed=1),
         "attention_mask": lambda: trees.attention_mask(400_000),
         "padded_layout": lambda: padded.padded_layout(7),
@@ -210,6 +208,7 @@ def _big_inputs() -> dict[str, Callable[[], Any]]:
         "to_sglang": lambda: r_long.to_sglang(),
         "stats_update": lambda: ss.AcceptanceStats().update(long_batch, r_long),
     }
+    return {name: (setups.get(name, lambda: None), call) for name, call in calls.items()}
 
 
 @pytest.mark.parametrize(
@@ -229,8 +228,7 @@ def _big_inputs() -> dict[str, Callable[[], Any]]:
     ],
 )
 def test_gil_released_heartbeat(name: str) -> None:
-    call = _big_inputs()[name]
-    setup = SETUP.get(name, lambda: None)
+    setup, call = _big_inputs()[name]
     setup()
     call()  # warm up (page in, thread pool)
     best = 0

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import math
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -30,7 +29,7 @@ import numpy as np
 
 from specsched import _torch
 from specsched._core import BatchVerifyResult, TreeBatch
-from specsched._verify import verify
+from specsched._verify import _representable, verify
 
 
 @dataclass
@@ -258,10 +257,7 @@ def _float_scalar(value: Any, arg: str) -> float:
         value, (int, float, np.integer, np.floating)
     ):
         raise TypeError(f"{arg}: expected a number, got {type(value).__name__}")
-    try:
-        return float(value)
-    except OverflowError:  # an int past float64
-        return math.inf if value > 0 else -math.inf
+    return float(_representable(value, integer=False))  # an int past float64: +-inf
 
 
 def _check_eos(eos_token_id: Any, vocab_size: int | None) -> frozenset[int]:

@@ -99,6 +99,19 @@ impl<'a> PlanArgs<'a> {
         }
     }
 
+    /// The moves and committed lengths for a cache of `shape` (sequence axis `seq`, batch axis
+    /// `batch`), checked to hold every request's prefix and tree.
+    fn plan_for_cache(
+        &self,
+        shape: &[usize],
+        seq: usize,
+        batch: Option<usize>,
+    ) -> specsched_core::Result<(Vec<Move>, Committed)> {
+        let (moves, extents, committed) = self.plan()?;
+        kv::check_cache_shape(shape, seq, batch, &extents)?;
+        Ok((moves, committed))
+    }
+
     /// Moves of the result, the extents of its requests and their committed lengths.
     fn plan(&self) -> specsched_core::Result<(Vec<Move>, Extents, Committed)> {
         match self {
@@ -225,8 +238,7 @@ pub fn compact_kv(
     // The plan, the cache's shape check and the moves in one release of the GIL.
     let committed = py
         .detach(|| -> specsched_core::Result<Committed> {
-            let (moves, extents, committed) = args.plan()?;
-            kv::check_cache_shape(&shape, seq, batch, &extents)?;
+            let (moves, committed) = args.plan_for_cache(&shape, seq, batch)?;
             kv::apply_all(&mut bufs, seq, batch, &moves)?;
             Ok(committed)
         })
@@ -404,11 +416,7 @@ pub fn cache_moves<'py>(
     let (seq, batch) = axes(&result, cache_shape.len(), seq_dim, batch_dim)?;
     let args = PlanArgs::extract(&result, prefix_lens, active)?;
     let (moves, committed) = py
-        .detach(|| -> specsched_core::Result<_> {
-            let (moves, extents, committed) = args.plan()?;
-            kv::check_cache_shape(&cache_shape, seq, batch, &extents)?;
-            Ok((moves, committed))
-        })
+        .detach(|| args.plan_for_cache(&cache_shape, seq, batch))
         .py()?;
     let n = moves.len();
     let req = owned(py, moves.iter().map(|m| m.req as i64).collect(), &[n])?;
