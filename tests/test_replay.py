@@ -110,17 +110,12 @@ def test_cli_replay(capsys: pytest.CaptureFixture[str]) -> None:
     assert e.value.code == 2
     assert main(["replay", "--budget", "99999999999999999999"]) == 2
     assert "--budget: 99999999999999999999, a tree holds at most" in capsys.readouterr().err
-    # A budget past half the suffix index's depth leaves the suffix drafters little to
-    # match: said, not just shown as a poor row.
-    assert main([*argv[:-1], "40", "--drafters", "suffix-tree"]) == 0
-    note = capsys.readouterr().err
-    assert "note: --budget 40 with --max-depth 64" in note and "at most 24 context" in note
-    # The documented rule's other bound (max_depth - 1: a depth-1 index never matches), and
-    # advice that can be followed (max_depth is at most 4096).
-    assert main([*argv[:-1], "4", "--max-depth", "1", "--drafters", "suffix-tree"]) == 0
-    assert "at most 0 context token(s)" in capsys.readouterr().err
-    assert main([*argv[:-1], "3000", "--max-depth", "4096", "--drafters", "suffix-tree"]) == 0
-    assert "lower --budget (--max-depth is at most 4096)" in capsys.readouterr().err
+    # A budget past half the suffix index's depth (a proposal from a long match has few
+    # levels left below it): the drafters pick the match that scores best, so they still
+    # draft, without a note.
+    assert main([*argv[:-1], "40", "--drafters", "suffix-tree", "--json"]) == 0
+    out = capsys.readouterr()
+    assert not out.err and json.loads(out.out)[0]["tokens_per_step"] > 2.0
     # A numpy budget is a plain int in the result (its JSON failed).
     work = sim.stdlib_workload("edit", 1, 300, 0)
     result = sim.replay(work, "ngram", budget=np.int64(4))

@@ -5,14 +5,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from typing import Any
 
 from specsched._core import MAX_NODES
 from specsched._replay import DRAFTERS, WORKLOADS, compare, stdlib_workload
-
-# SuffixDrafter's largest max_depth (docs/api.md).
-MAX_SUFFIX_DEPTH = 4096
 
 
 def _names(allowed: tuple[str, ...]) -> Any:
@@ -69,24 +65,6 @@ def replay_command(args: argparse.Namespace) -> int:
         raise ValueError(
             f"--budget: {max(args.budget)}, a tree holds at most {MAX_NODES - 1} draft tokens"
         )
-    suffix = [d for d in args.drafters if d.startswith("suffix")]
-    for budget in args.budget:
-        if suffix and budget > args.max_depth // 2:
-            # Not an error (docs/api.md's match rule: the longest match that leaves room for
-            # a full-budget chain under --max-depth), but a table that shows the suffix
-            # drafters far behind for it should say why.
-            room = min(args.max_depth - 1, max(1, args.max_depth - budget))
-            fix = (
-                "raise --max-depth to 2 x --budget"
-                if 2 * budget <= MAX_SUFFIX_DEPTH
-                else f"lower --budget (--max-depth is at most {MAX_SUFFIX_DEPTH})"
-            )
-            print(
-                f"specsched replay: note: --budget {budget} with --max-depth {args.max_depth}: "
-                f"the suffix drafters match at most {room} context token(s) and draft at most "
-                f"--max-spec-factor times that; {fix}",
-                file=sys.stderr,
-            )
     rows: list[dict[str, Any]] = []
     for kind in args.workload:
         work = stdlib_workload(kind, args.requests, args.max_len, args.seed)

@@ -1681,26 +1681,41 @@ def suffix_propose(
     max_depth: int,
     chain: bool = False,
 ) -> tuple[list[int], list[int], list[float], float, int]:
-    """One index's proposal for ``context``, from the semantics in docs/api.md: the longest
-    context suffix (length <= min(max_depth - 1, max(1, max_depth - budget))) occurring with a
-    continuation, then best-first growth by ``count(path) / C``, ``C`` the number of
-    occurrences of the match followed by a token (ties to the earliest discovered; children
-    discovered by count descending, token ascending), pruning below ``min_prob`` and at depth
-    ``max_depth``, at most ``min(budget, floor(max_spec_factor * match_len))`` drafts.
-    Returns ``(parents, tokens, probs, score, match_len)``."""
-    n = len(context)
-    root = context[-1]
-    match = 0
-    max_match = min(max_depth - 1, max(1, max_depth - budget))
-    for m in range(min(n, max_match), 0, -1):
-        if _next_token_counts(seqs, context[n - m :]):
-            match = m
-            break
-    parents, tokens, probs, score = [-1], [root], [1.0], 0.0
-    if match == 0:
-        return parents, tokens, probs, score, 0
+    """One index's proposal for ``context``, from the semantics in docs/api.md: a proposal
+    grown from every context suffix (length ``1..=max_depth - 1``) that occurs with a
+    continuation, and the one with the highest score kept, ties to the longer match.
+    Returns ``(parents, tokens, probs, score, match_len)``; the root alone, ``match_len`` 0,
+    without a match."""
+    best = [-1], [context[-1]], [1.0], 0.0, 0
+    for length in range(1, min(len(context), max_depth - 1) + 1):
+        if not _next_token_counts(seqs, context[len(context) - length :]):
+            continue
+        grown = _suffix_grow(
+            seqs, context, length, budget, min_prob, max_spec_factor, max_depth, chain
+        )
+        if best[4] == 0 or grown[3] >= best[3]:
+            best = grown
+    return best
+
+
+def _suffix_grow(
+    seqs: Sequence[Sequence[int]],
+    context: Sequence[int],
+    match: int,
+    budget: int,
+    min_prob: float,
+    max_spec_factor: float,
+    max_depth: int,
+    chain: bool,
+) -> tuple[list[int], list[int], list[float], float, int]:
+    """The proposal from the context's suffix of length ``match``: best-first growth by
+    ``count(path) / C``, ``C`` the number of occurrences of the match followed by a token
+    (ties to the earliest discovered; children discovered by count descending, token
+    ascending), pruning below ``min_prob`` and at depth ``max_depth``, at most
+    ``min(budget, floor(max_spec_factor * match))`` drafts."""
+    parents, tokens, probs, score = [-1], [context[-1]], [1.0], 0.0
     limit = min(budget, math.floor(max_spec_factor * match))
-    base = list(context[n - match :])
+    base = list(context[len(context) - match :])
     c0 = sum(_next_token_counts(seqs, base).values())
     heap: list[tuple[int, int, list[int], int, int]] = []
     order = 0

@@ -3,18 +3,21 @@
 //!
 //! **Semantics.** An index holds token sequences and, for every string `w` of length at most
 //! `max_depth`, its occurrence count `count(w)` (start positions `i` of any stored sequence with
-//! `seq[i..i+|w|] == w`). To propose for a context `c`, the *match* is the longest suffix
-//! `m = c[L-len..]`, `1 <= len <= min(max_depth - 1, max(1, max_depth - budget))` (room is
-//! left under the depth bound for a full-budget chain), that occurs followed by at least one token
-//! (`count(m x) > 0` for some `x`). From `m`, candidates are grown best-first by path
+//! `seq[i..i+|w|] == w`). To propose for a context `c`, each *match* — a suffix
+//! `m = c[L-len..]`, `1 <= len <= max_depth - 1`, that occurs followed by at least one token
+//! (`count(m x) > 0` for some `x`) — grows a proposal: candidates best-first by path
 //! probability `count(m p) / C` with `C = sum_x count(m x)` (the occurrences of `m` that
-//! continue; below the match it is the product of `count(child) / count(parent)`), ties to the candidate discovered first, a node's children being discovered in
-//! (count descending, token ascending) order; a candidate is kept only if its path probability
-//! is `>= min_prob` and `|m p| <= max_depth`. At most `min(budget, floor(max_spec_factor * len))`
-//! draft nodes are taken (`chain` mode follows only each node's first child). The score is the
-//! sum of the draft nodes' path probabilities: the expected accepted length under the frequency
-//! model. The per-request index (prompt + generated tokens) and the global index (past responses)
-//! each propose; the higher score wins, ties to the request's own index.
+//! continue; below the match it is the product of `count(child) / count(parent)`), ties to the
+//! candidate discovered first, a node's children being discovered in (count descending, token
+//! ascending) order; a candidate is kept only if its path probability is `>= min_prob` and
+//! `|m p| <= max_depth`. At most `min(budget, floor(max_spec_factor * len))` draft nodes are
+//! taken (`chain` mode follows only each node's first child). The score is the sum of the draft
+//! nodes' path probabilities: the expected accepted length under the frequency model. The
+//! proposal with the highest score is the index's, ties to the longer match (as
+//! ArcticInference chooses: a long match is specific but leaves few levels under the depth
+//! bound, a short one leaves room but spreads over more continuations). The per-request index
+//! (prompt + generated tokens) and the global index (past responses) each propose; the higher
+//! score wins, ties to the request's own index.
 //!
 //! **Structure, and why.** A depth-bounded suffix tree with full path compression, as in
 //! SuffixDecoding: a node is a *chain* of consecutive points (depths `lo..=hi`) that share one
@@ -69,8 +72,13 @@
 //! 10^5 stdlib bytes and 5.0-7.2 M/s on 10^6 (online: 2-3 and 1.2-1.9).
 //! Eviction of a sequence of n tokens: O(n * max_depth) (a wide node's child leaves its list in
 //! O(1); a narrow node has at most a few children to scan).
-//! Propose: per-request match O(max_depth); global match O(max_depth^2) steps worst case;
-//! expansion O(budget * children log).
+//! Propose: the request's own matches are its active suffixes (no search); the global index's,
+//! one walk from the root per length, O(max_depth^2) steps worst case; an expansion
+//! O(budget * children log) per match, worst case one per length. The search is cut short
+//! exactly: lengths are tried by decreasing score bound (drafts taken, levels left) and stop
+//! when none left can win, an expansion stops when the drafts it has left cannot win, and a
+//! shorter match with the same occurrences as one already grown is skipped (on stdlib bytes
+//! at max_depth 64: ~2-5 us per proposal, against ~2-4 for the longest match alone).
 
 use std::cmp::Ordering;
 use std::collections::hash_map::Entry;
@@ -366,6 +374,18 @@ pub struct Proposal {
 }
 
 impl Proposal {
+    /// The root alone, for a proposal from a match of `match_len` tokens to grow.
+    fn reset(&mut self, root: u32, match_len: usize) {
+        self.parents.clear();
+        self.tokens.clear();
+        self.probs.clear();
+        self.parents.push(-1);
+        self.tokens.push(root as i64);
+        self.probs.push(1.0);
+        self.score = 0.0;
+        self.match_len = match_len;
+    }
+
     fn root_only(root: u32) -> Self {
         Proposal {
             parents: vec![-1],
@@ -436,6 +456,68 @@ impl Ord for Cand {
 impl PartialOrd for Cand {
     fn partial_cmp(&self, o: &Self) -> Option<Ordering> {
         Some(self.cmp(o))
+    }
+}
+
+/// Buffers of the best-first expansions of one proposal, reused from one match to the next.
+#[derive(Default)]
+struct Expansion {
+    kids: Vec<(u32, u32, Locus)>,
+    heap: BinaryHeap<Cand>,
+    /// Candidates discovered so far (ties go to the first discovered).
+    order: u64,
+}
+
+/// Pushes the children `kids` of draft node `parent` whose path probability (count over
+/// `c0`) is at least `min_prob` (only the first in chain mode).
+fn push_candidates(
+    heap: &mut BinaryHeap<Cand>,
+    kids: &[(u32, u32, Locus)],
+    parent: i32,
+    c0: f64,
+    opt: &ProposeOptions,
+    order: &mut u64,
+) {
+    for &(count, token, locus) in kids.iter().filter(|k| k.0 as f64 / c0 >= opt.min_prob) {
+        heap.push(Cand {
+            count,
+            order: *order,
+            locus,
+            parent,
+            token,
+        });
+        *order += 1;
+        if opt.chain {
+            break;
+        }
+    }
+}
+
+/// How an expansion ended.
+#[derive(Debug, Clone, Copy)]
+struct Grew {
+    /// It took every draft it could (false: it gave up, unable to win).
+    finished: bool,
+    /// Some node it took sits at the index's depth bound, where children are not stored.
+    depth_cut: bool,
+}
+
+/// The best proposal so far, as another must beat it: a higher score, or the same score from
+/// a longer match.
+#[derive(Debug, Clone, Copy)]
+struct ToBeat {
+    score: f64,
+    match_len: usize,
+}
+
+impl ToBeat {
+    fn beaten_by(self, score: f64, match_len: usize) -> bool {
+        score > self.score || (score == self.score && match_len > self.match_len)
+    }
+
+    /// Whether a proposal from a match of length `match_len` scoring at most `bound` loses.
+    fn out_of_reach(self, bound: f64, match_len: usize) -> bool {
+        !self.beaten_by(bound, match_len)
     }
 }
 
@@ -1490,121 +1572,194 @@ impl SuffixIndex {
         out.sort_unstable_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
     }
 
-    /// The longest suffix of `context` (length <= max_depth - 1) that occurs with a
-    /// continuation, found by walking from the root.
-    fn find_match(&self, context: &[u32], max_match: usize) -> Option<(Locus, usize)> {
-        let n = context.len();
-        let longest = n.min(max_match);
-        for len in (1..=longest).rev() {
-            let mut l = Locus {
-                node: ROOT,
-                depth: 0,
-            };
-            let mut ok = true;
-            for &x in &context[n - len..] {
-                match self.step(l, x) {
-                    Some(next) => l = next,
-                    None => {
-                        ok = false;
-                        break;
-                    }
-                }
-            }
-            if ok && self.has_continuation(l) {
-                return Some((l, len));
-            }
+    /// The locus of `context`'s suffix of length `len` (`1..=context.len()`) when it occurs
+    /// followed by a token: a walk from the root.
+    fn context_match(&self, context: &[u32], len: usize) -> Option<Locus> {
+        let mut l = Locus {
+            node: ROOT,
+            depth: 0,
+        };
+        for &x in &context[context.len() - len..] {
+            l = self.step(l, x)?;
         }
-        None
+        self.has_continuation(l).then_some(l)
     }
 
-    /// The deepest active suffix of `seq` with a continuation: the match of the sequence's own
-    /// context in its own index, read off without a search (a search when `seq` is not the
-    /// open sequence).
-    fn own_match(&self, seq: u32, max_match: usize) -> Option<(Locus, usize)> {
+    /// The matches of the open sequence `seq`'s own context, longest first: `(len, locus)` for
+    /// each suffix of length `1..=max_len` that occurs followed by a token. No search: the
+    /// context's own occurrence of a suffix does not continue, so a suffix that occurs again
+    /// has its count drop right below it, at a node's end; it is an active suffix.
+    fn own_matches(&self, seq: u32, max_len: usize) -> Vec<(usize, Locus)> {
         let sq = self.seqs[seq as usize].as_ref().expect("live sequence");
-        if self.open != Some(seq) {
-            return self.find_match(&sq.tokens, max_match);
-        }
+        debug_assert_eq!(self.open, Some(seq));
         let n = sq.tokens.len() as u32;
-        sq.active.iter().find_map(|&(j, node)| {
-            let l = Locus { node, depth: n - j };
-            (l.depth as usize <= max_match && self.has_continuation(l))
-                .then_some((l, l.depth as usize))
-        })
-    }
-    /// Longest match considered: `max_depth - budget` (at least 1, at most `max_depth - 1`),
-    /// so that a full-budget chain still fits under the depth bound.
-    fn max_match(&self, opt: &ProposeOptions) -> usize {
-        let d = self.max_depth as usize;
-        (d - 1).min(d.saturating_sub(opt.budget).max(1))
+        sq.active
+            .iter()
+            .map(|&(j, node)| Locus { node, depth: n - j })
+            .filter(|l| (1..=max_len).contains(&(l.depth as usize)) && self.has_continuation(*l))
+            .map(|l| (l.depth as usize, l))
+            .collect()
     }
 
-    /// Best-first expansion from the match `m` of length `match_len`.
-    fn expand(&self, root: u32, m: Locus, match_len: usize, opt: &ProposeOptions) -> Proposal {
-        let mut p = Proposal::root_only(root);
-        p.match_len = match_len;
-        let limit = opt
-            .budget
-            .min((opt.max_spec_factor * match_len as f64).floor() as usize);
-        let mut kids = Vec::new();
-        // The match's own occurrence at the end of a context has no continuation: normalize
-        // by the occurrences that continue, so the children's probabilities sum to 1.
-        self.children(m, 1, &mut kids);
-        let c0 = kids.iter().map(|k| k.0 as f64).sum::<f64>();
-        let keep = |cnt: u32| cnt as f64 / c0 >= opt.min_prob;
-        let mut heap: BinaryHeap<Cand> = BinaryHeap::new();
-        let mut order = 0u64;
-        let mut push_children = |heap: &mut BinaryHeap<Cand>, l: Locus, parent: i32| {
-            self.children(l, 1, &mut kids);
-            for &(cnt, tok, loc) in kids.iter().filter(|k| keep(k.0)) {
-                heap.push(Cand {
-                    count: cnt,
-                    order,
-                    locus: loc,
-                    parent,
-                    token: tok,
-                });
-                order += 1;
-                if opt.chain {
+    /// Longest match considered: `max_depth - 1` (a match leaves at least one level below it).
+    fn max_match(&self, context_len: usize) -> usize {
+        context_len.min(self.max_depth as usize - 1)
+    }
+
+    /// At most this many drafts grow from a match of length `len`.
+    fn draft_limit(len: usize, opt: &ProposeOptions) -> usize {
+        opt.budget
+            .min((opt.max_spec_factor * len as f64).floor() as usize)
+    }
+
+    /// An upper bound on the score of the proposal grown from a match of length `len`. It has
+    /// at most `draft_limit` drafts of probability <= 1 each: exact in floating point too (a
+    /// probability is a count over a larger count, and a sum of k such terms rounds to at most
+    /// k). Its paths of one depth share the match's continuing occurrences, so each of the
+    /// `max_depth - len` levels below the match adds at most 1: exact for the real sum, so
+    /// that bound gets room for the sum's rounding (relative 1e-9, above 2^16 terms' 1.5e-11).
+    fn score_bound(&self, len: usize, opt: &ProposeOptions) -> f64 {
+        let limit = Self::draft_limit(len, opt);
+        let levels = self.max_depth as usize - len;
+        if limit <= levels {
+            limit as f64
+        } else {
+            levels as f64 * (1.0 + 1e-9)
+        }
+    }
+
+    /// The proposal of the best match among `lens` (each a candidate length, its locus given
+    /// by `locus`, `None` when that suffix has no match): the highest score, ties to the
+    /// longer match (ArcticInference's choice over every match length). Lengths are tried in
+    /// decreasing order of [`Self::score_bound`] and stop once none left can reach the best
+    /// score; a length that could only tie is skipped when it is shorter, and an expansion
+    /// stops as soon as it cannot win. The choice is the exhaustive one, for fewer walks and
+    /// expansions.
+    fn best_proposal(
+        &self,
+        root: u32,
+        lens: Vec<usize>,
+        mut locus: impl FnMut(usize) -> Option<Locus>,
+        opt: &ProposeOptions,
+    ) -> Proposal {
+        let mut bounded: Vec<(f64, usize)> = lens
+            .into_iter()
+            .map(|len| (self.score_bound(len, opt), len))
+            .collect();
+        bounded.sort_unstable_by(|a, b| b.0.total_cmp(&a.0).then(b.1.cmp(&a.1)));
+        let (mut best, mut grown) = (Proposal::root_only(root), Proposal::root_only(root));
+        let mut to_beat: Option<ToBeat> = None;
+        let mut scratch = Expansion::default();
+        // (count, length) of the matches expanded without reaching the depth bound. A shorter
+        // match with the same count has the same occurrences (each of the longer's ends a
+        // shorter one), hence the same counts below it: its expansion is the longer's,
+        // taken no further (its limit is no larger), so it scores no more and loses the tie.
+        // (The bound order already keeps a shorter match that could draft past the longer
+        // one's levels ahead of it; the depth check keeps the skip right on its own.)
+        let mut uncut: Vec<(u32, usize)> = Vec::new();
+        for (bound, len) in bounded {
+            if let Some(b) = to_beat {
+                if bound < b.score {
                     break;
                 }
+                if b.out_of_reach(bound, len) {
+                    continue;
+                }
             }
-        };
-        if limit > 0 {
-            push_children(&mut heap, m, 0);
+            let Some(m) = locus(len) else { continue };
+            let count = self.node_count(m.node);
+            if uncut.iter().any(|&(c, l)| c == count && l > len) {
+                continue;
+            }
+            let grew = self.expand(root, (m, len), opt, to_beat, &mut scratch, &mut grown);
+            if !grew.depth_cut {
+                uncut.push((count, len));
+            }
+            if grew.finished && to_beat.is_none_or(|b| b.beaten_by(grown.score, len)) {
+                std::mem::swap(&mut best, &mut grown);
+                to_beat = Some(ToBeat {
+                    score: best.score,
+                    match_len: len,
+                });
+            }
         }
+        best
+    }
+
+    /// Best-first expansion from the match `m` of length `match_len` into `p`. With `to_beat`,
+    /// it gives up (`p` unfinished) once it cannot win: the probabilities it takes never
+    /// grow (a child counts no more than its parent), so each draft left adds at most the one
+    /// taken now (with room for the sum's rounding, as in [`Self::score_bound`]).
+    fn expand(
+        &self,
+        root: u32,
+        (m, match_len): (Locus, usize),
+        opt: &ProposeOptions,
+        to_beat: Option<ToBeat>,
+        scratch: &mut Expansion,
+        p: &mut Proposal,
+    ) -> Grew {
+        p.reset(root, match_len);
+        let limit = Self::draft_limit(match_len, opt);
+        let Expansion { kids, heap, order } = scratch;
+        heap.clear();
+        *order = 0;
+        // The match's own occurrence at the end of a context has no continuation: normalize
+        // by the occurrences that continue, so the children's probabilities sum to 1.
+        self.children(m, 1, kids);
+        let c0 = kids.iter().map(|k| k.0 as f64).sum::<f64>();
+        if limit > 0 {
+            push_candidates(heap, kids, 0, c0, opt, order);
+        }
+        let mut depth_cut = false;
         while p.parents.len() <= limit {
             let Some(c) = heap.pop() else { break };
-            let idx = p.parents.len() as i32;
             let prob = c.count as f64 / c0;
+            if let Some(b) = to_beat {
+                let left = (limit + 1 - p.parents.len()) as f64;
+                if b.out_of_reach((p.score + left * prob) * (1.0 + 1e-9), match_len) {
+                    return Grew {
+                        finished: false,
+                        depth_cut,
+                    };
+                }
+            }
+            let idx = p.parents.len() as i32;
             p.parents.push(c.parent);
             p.tokens.push(c.token as i64);
             p.probs.push(prob);
             p.score += prob;
             if p.parents.len() <= limit {
-                push_children(&mut heap, c.locus, idx);
+                // At the index's depth bound a node has no children stored, whatever follows.
+                depth_cut |= c.locus.depth >= self.max_depth;
+                self.children(c.locus, 1, kids);
+                push_candidates(heap, kids, idx, c0, opt, order);
             }
         }
-        p
+        Grew {
+            finished: true,
+            depth_cut,
+        }
     }
 
     /// Proposal from this index for `context` (a non-empty token list).
     pub fn propose_for(&self, context: &[u32], opt: &ProposeOptions) -> Proposal {
         let root = *context.last().expect("non-empty context");
-        match self.find_match(context, self.max_match(opt)) {
-            Some((m, len)) => self.expand(root, m, len, opt),
-            None => Proposal::root_only(root),
-        }
+        let lens = (1..=self.max_match(context.len())).collect();
+        self.best_proposal(root, lens, |len| self.context_match(context, len), opt)
     }
 
     /// Proposal from this index for sequence `seq`'s own context.
     pub fn propose_own(&self, seq: u32, opt: &ProposeOptions) -> Proposal {
         let toks = self.seq_tokens(seq);
-        let root = *toks.last().expect("non-empty context");
-        match self.own_match(seq, self.max_match(opt)) {
-            Some((m, len)) => self.expand(root, m, len, opt),
-            None => Proposal::root_only(root),
+        if self.open != Some(seq) {
+            return self.propose_for(toks, opt);
         }
+        let root = *toks.last().expect("non-empty context");
+        let matches = self.own_matches(seq, self.max_match(toks.len()));
+        let lens = matches.iter().map(|&(len, _)| len).collect();
+        let locus = |len| matches.iter().find(|m| m.0 == len).map(|m| m.1);
+        self.best_proposal(root, lens, locus, opt)
     }
 }
 
@@ -1979,14 +2134,87 @@ mod tests {
             let len = 1 + rng(&mut x) % 40;
             let toks: Vec<u32> = (0..len).map(|_| (rng(&mut x) % 3) as u32).collect();
             idx.append(s, &toks);
-            let a = idx
-                .own_match(s, depth as usize - 1)
-                .map(|(l, m)| (idx.locus_count(l), m));
-            let b = idx
-                .find_match(&toks, depth as usize - 1)
-                .map(|(l, m)| (idx.locus_count(l), m));
-            assert_eq!(a, b, "{toks:?}");
+            assert_eq!(own_by_walks(&idx, s), own_by_search(&idx, s), "{toks:?}");
         }
+    }
+
+    /// `own_matches` of `seq` (from its active suffixes) as (length, count) pairs.
+    pub(super) fn own_by_search(idx: &SuffixIndex, seq: u32) -> Vec<(usize, u32)> {
+        let m = idx.max_match(idx.seq_tokens(seq).len());
+        idx.own_matches(seq, m)
+            .into_iter()
+            .map(|(n, l)| (n, idx.locus_count(l)))
+            .collect()
+    }
+
+    /// The same from one walk per suffix length, longest first.
+    pub(super) fn own_by_walks(idx: &SuffixIndex, seq: u32) -> Vec<(usize, u32)> {
+        let toks = idx.seq_tokens(seq);
+        (1..=idx.max_match(toks.len()))
+            .rev()
+            .filter_map(|n| idx.context_match(toks, n).map(|l| (n, idx.locus_count(l))))
+            .collect()
+    }
+
+    /// The choice by its definition: every match length grown in full, the highest score
+    /// kept, ties to the longer match.
+    fn propose_exhaustive(idx: &SuffixIndex, context: &[u32], opt: &ProposeOptions) -> Proposal {
+        let root = *context.last().unwrap();
+        let mut best = Proposal::root_only(root);
+        let mut scratch = Expansion::default();
+        for len in 1..=idx.max_match(context.len()) {
+            let Some(m) = idx.context_match(context, len) else {
+                continue;
+            };
+            let mut p = Proposal::root_only(root);
+            assert!(
+                idx.expand(root, (m, len), opt, None, &mut scratch, &mut p)
+                    .finished
+            );
+            if best.match_len == 0 || p.score >= best.score {
+                best = p;
+            }
+        }
+        best
+    }
+
+    /// The pruned search (bounds, early stops, skipped same-occurrence matches) chooses what
+    /// growing every match in full chooses, from the request's own index and from a search.
+    #[test]
+    fn best_match_equals_exhaustive_choice() {
+        let mut x = 23u64;
+        let (mut shorter, mut total) = (0usize, 0usize);
+        for round in 0..400 {
+            let depth = 2 + (rng(&mut x) % 24) as i64;
+            let alpha = 1 + rng(&mut x) % 4;
+            let len = 1 + rng(&mut x) as usize % 300;
+            let toks: Vec<u32> = (0..len).map(|_| (rng(&mut x) % alpha) as u32).collect();
+            let mut idx = SuffixIndex::new(depth).unwrap();
+            let s = idx.add_seq();
+            idx.append(s, &toks);
+            let budget = 1 + (rng(&mut x) % 40) as i64;
+            let min_prob = [0.01, 0.1, 0.3, 1.0][rng(&mut x) as usize % 4];
+            let factor = [0.0, 0.5, 1.0, 2.0, 40.0][rng(&mut x) as usize % 5];
+            let chain = rng(&mut x).is_multiple_of(4);
+            let opt = ProposeOptions::new(budget, min_prob, factor, chain).unwrap();
+            let want = propose_exhaustive(&idx, &toks, &opt);
+            assert_eq!(idx.propose_own(s, &opt), want, "round {round}");
+            let cut = 1 + rng(&mut x) as usize % len;
+            let ctx: Vec<u32> = toks[..cut]
+                .iter()
+                .chain(&toks[..rng(&mut x) as usize % len])
+                .copied()
+                .collect();
+            let want_ctx = propose_exhaustive(&idx, &ctx, &opt);
+            assert_eq!(idx.propose_for(&ctx, &opt), want_ctx, "round {round}");
+            let longest = (1..=idx.max_match(len))
+                .rev()
+                .find(|&n| idx.context_match(&toks, n).is_some());
+            total += 1;
+            shorter += usize::from(longest.is_some_and(|n| want.match_len < n));
+        }
+        // Often the best match is not the longest.
+        assert!(shorter > total / 10, "{shorter} of {total}");
     }
 
     #[test]
@@ -2072,6 +2300,7 @@ mod child_table_tests {
 
 #[cfg(test)]
 mod interleaved_tests {
+    use super::tests::{own_by_search, own_by_walks};
     use super::*;
     use crate::draft::test_rng as rng;
 
@@ -2222,13 +2451,12 @@ mod interleaved_tests {
                 wide_entries += idx.lookup.len();
                 let seqs: Vec<Vec<u32>> = live.iter().map(|(_, t)| t.clone()).collect();
                 assert!(counts_ok(&idx, &seqs, depth), "round {round} {ops:?}");
-                for (s, t) in &live {
-                    let m = depth - 1;
-                    if !t.is_empty() && m > 0 {
-                        let a = idx.own_match(*s, m).map(|(l, n)| (idx.locus_count(l), n));
-                        let b = idx.find_match(t, m).map(|(l, n)| (idx.locus_count(l), n));
-                        assert_eq!(a, b, "round {round}");
-                    }
+                if let Some(&(s, _)) = live.iter().find(|(s, _)| idx.open == Some(*s)) {
+                    assert_eq!(
+                        own_by_walks(&idx, s),
+                        own_by_search(&idx, s),
+                        "round {round}"
+                    );
                 }
             }
             for (s, _) in live {
