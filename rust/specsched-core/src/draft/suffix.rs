@@ -386,14 +386,17 @@ impl Proposal {
         self.match_len = match_len;
     }
 
-    fn root_only(root: u32) -> Self {
-        Proposal {
-            parents: vec![-1],
-            tokens: vec![root as i64],
-            probs: vec![1.0],
+    /// The root alone, with room for `drafts` more nodes.
+    fn with_room(root: u32, drafts: usize) -> Self {
+        let mut p = Proposal {
+            parents: Vec::with_capacity(drafts + 1),
+            tokens: Vec::with_capacity(drafts + 1),
+            probs: Vec::with_capacity(drafts + 1),
             score: 0.0,
             match_len: 0,
-        }
+        };
+        p.reset(root, 0);
+        p
     }
 }
 
@@ -1536,6 +1539,12 @@ impl SuffixIndex {
     /// Children of `l` with count >= `min_count`, as (count, token, locus), in (count
     /// descending, token ascending) order.
     fn children(&self, l: Locus, min_count: u32, out: &mut Vec<(u32, u32, Locus)>) {
+        self.children_unsorted(l, min_count, out);
+        out.sort_unstable_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
+    }
+
+    /// [`Self::children`] in sibling order.
+    fn children_unsorted(&self, l: Locus, min_count: u32, out: &mut Vec<(u32, u32, Locus)>) {
         out.clear();
         if l.depth < self.end(l.node) {
             let cnt = self.node_count(l.node);
@@ -1569,12 +1578,11 @@ impl SuffixIndex {
             }
             c = self.nodes[c as usize].next_sib;
         }
-        out.sort_unstable_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
     }
 
-    /// The locus of `context`'s suffix of length `len` (`1..=context.len()`) when it occurs
-    /// followed by a token: a walk from the root.
-    fn context_match(&self, context: &[u32], len: usize) -> Option<Locus> {
+    /// The locus of `context`'s suffix of length `len` (`0..=context.len()`), if it occurs: a
+    /// walk from the root.
+    fn context_locus(&self, context: &[u32], len: usize) -> Option<Locus> {
         let mut l = Locus {
             node: ROOT,
             depth: 0,
@@ -1582,7 +1590,34 @@ impl SuffixIndex {
         for &x in &context[context.len() - len..] {
             l = self.step(l, x)?;
         }
-        self.has_continuation(l).then_some(l)
+        Some(l)
+    }
+
+    /// The locus of `context`'s suffix of length `len` when it occurs followed by a token.
+    #[cfg(test)]
+    fn context_match(&self, context: &[u32], len: usize) -> Option<Locus> {
+        self.context_locus(context, len)
+            .filter(|&l| self.has_continuation(l))
+    }
+
+    /// The longest suffix of `context`, of at most `max_len` tokens, that occurs: `max_len`
+    /// itself when it does (one walk: a context that repeats indexed text), else a binary
+    /// search, since a suffix of an occurring string occurs too (O(log max_len) walks, where
+    /// each length past the longest would cost a walk of its own).
+    fn longest_occurring(&self, context: &[u32], max_len: usize) -> usize {
+        if self.context_locus(context, max_len).is_some() {
+            return max_len;
+        }
+        let (mut lo, mut hi) = (0, max_len.saturating_sub(1));
+        while lo < hi {
+            let mid = lo + (hi - lo).div_ceil(2);
+            if self.context_locus(context, mid).is_some() {
+                lo = mid;
+            } else {
+                hi = mid - 1;
+            }
+        }
+        lo
     }
 
     /// The matches of the open sequence `seq`'s own context, longest first: `(len, locus)` for
@@ -1628,26 +1663,52 @@ impl SuffixIndex {
         }
     }
 
-    /// The proposal of the best match among `lens` (each a candidate length, its locus given
-    /// by `locus`, `None` when that suffix has no match): the highest score, ties to the
-    /// longer match (ArcticInference's choice over every match length). Lengths are tried in
-    /// decreasing order of [`Self::score_bound`] and stop once none left can reach the best
-    /// score; a length that could only tie is skipped when it is shorter, and an expansion
-    /// stops as soon as it cannot win. The choice is the exhaustive one, for fewer walks and
-    /// expansions.
+    /// `lens` (longest first) in decreasing order of [`Self::score_bound`], ties to the
+    /// longer, with their bounds. No sort: the bound is the draft limit up to the length where
+    /// that passes the levels left (and the limit never falls as the length grows), the levels
+    /// past it (which fall), so the lengths up to there go longest first and those past it
+    /// shortest first, merged.
+    fn by_bound<'a>(
+        &'a self,
+        lens: &'a [usize],
+        opt: &'a ProposeOptions,
+    ) -> impl Iterator<Item = (f64, usize)> + 'a {
+        let levels = |len: usize| self.max_depth as usize - len;
+        let split = lens.partition_point(|&len| Self::draft_limit(len, opt) > levels(len));
+        let bounded = move |len: &usize| (self.score_bound(*len, opt), *len);
+        let mut past = lens[..split].iter().rev().map(bounded).peekable();
+        let mut up_to = lens[split..].iter().map(bounded).peekable();
+        std::iter::from_fn(move || match (past.peek(), up_to.peek()) {
+            (Some(a), Some(b)) if a.0 < b.0 => up_to.next(),
+            (Some(_), _) => past.next(),
+            (None, _) => up_to.next(),
+        })
+    }
+
+    /// The proposal of the best match among `lens` (candidate lengths, longest first, each
+    /// one's locus given by `locus`, `None` when that suffix has no match): the highest score,
+    /// ties to the longer match (ArcticInference's choice over every match length). Lengths
+    /// are tried in decreasing order of [`Self::score_bound`] and stop once none left can
+    /// reach the best score; a length that could only tie is skipped when it is shorter, and
+    /// an expansion stops as soon as it cannot win. The choice is the exhaustive one, for
+    /// fewer walks and expansions.
     fn best_proposal(
         &self,
         root: u32,
-        lens: Vec<usize>,
+        lens: &[usize],
         mut locus: impl FnMut(usize) -> Option<Locus>,
         opt: &ProposeOptions,
     ) -> Proposal {
-        let mut bounded: Vec<(f64, usize)> = lens
-            .into_iter()
-            .map(|len| (self.score_bound(len, opt), len))
-            .collect();
-        bounded.sort_unstable_by(|a, b| b.0.total_cmp(&a.0).then(b.1.cmp(&a.1)));
-        let (mut best, mut grown) = (Proposal::root_only(root), Proposal::root_only(root));
+        // Room for the drafts of the longest match (up to a point: a large budget is a bound,
+        // not what the index holds), so the growth does not reallocate as it goes.
+        let room = lens
+            .first()
+            .map_or(0, |&len| Self::draft_limit(len, opt))
+            .min(256);
+        let (mut best, mut grown) = (
+            Proposal::with_room(root, room),
+            Proposal::with_room(root, room),
+        );
         let mut to_beat: Option<ToBeat> = None;
         let mut scratch = Expansion::default();
         // (count, length) of the matches expanded without reaching the depth bound. A shorter
@@ -1657,7 +1718,7 @@ impl SuffixIndex {
         // (The bound order already keeps a shorter match that could draft past the longer
         // one's levels ahead of it; the depth check keeps the skip right on its own.)
         let mut uncut: Vec<(u32, usize)> = Vec::new();
-        for (bound, len) in bounded {
+        for (bound, len) in self.by_bound(lens, opt) {
             if let Some(b) = to_beat {
                 if bound < b.score {
                     break;
@@ -1706,8 +1767,20 @@ impl SuffixIndex {
         *order = 0;
         // The match's own occurrence at the end of a context has no continuation: normalize
         // by the occurrences that continue, so the children's probabilities sum to 1.
-        self.children(m, 1, kids);
+        self.children_unsorted(m, 1, kids);
         let c0 = kids.iter().map(|k| k.0 as f64).sum::<f64>();
+        if let Some(b) = to_beat {
+            // The first check of the loop below, before the children are sorted: a short
+            // match can have hundreds.
+            let top = kids.iter().map(|k| k.0).max().unwrap_or(0);
+            if b.out_of_reach(limit as f64 * (top as f64 / c0) * (1.0 + 1e-9), match_len) {
+                return Grew {
+                    finished: false,
+                    depth_cut: false,
+                };
+            }
+        }
+        kids.sort_unstable_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
         if limit > 0 {
             push_candidates(heap, kids, 0, c0, opt, order);
         }
@@ -1745,8 +1818,24 @@ impl SuffixIndex {
     /// Proposal from this index for `context` (a non-empty token list).
     pub fn propose_for(&self, context: &[u32], opt: &ProposeOptions) -> Proposal {
         let root = *context.last().expect("non-empty context");
-        let lens = (1..=self.max_match(context.len())).collect();
-        self.best_proposal(root, lens, |len| self.context_match(context, len), opt)
+        // Lengths past `occurring` do not occur (a suffix of an occurring string occurs), so
+        // they need no walk. The first walk that fails finds the longest that occurs by a
+        // binary search below it (no later walk fails): lengths are tried by score bound, not
+        // in length order, and a context that repeats little indexed text would otherwise
+        // cost a failed walk for each length past its longest match.
+        let mut occurring = self.max_match(context.len());
+        let lens: Vec<usize> = (1..=occurring).rev().collect();
+        let locus = |len: usize| {
+            if len > occurring {
+                return None;
+            }
+            let found = self.context_locus(context, len);
+            if found.is_none() {
+                occurring = self.longest_occurring(context, len - 1);
+            }
+            found.filter(|&l| self.has_continuation(l))
+        };
+        self.best_proposal(root, &lens, locus, opt)
     }
 
     /// Proposal from this index for sequence `seq`'s own context.
@@ -1757,9 +1846,9 @@ impl SuffixIndex {
         }
         let root = *toks.last().expect("non-empty context");
         let matches = self.own_matches(seq, self.max_match(toks.len()));
-        let lens = matches.iter().map(|&(len, _)| len).collect();
+        let lens: Vec<usize> = matches.iter().map(|&(len, _)| len).collect();
         let locus = |len| matches.iter().find(|m| m.0 == len).map(|m| m.1);
-        self.best_proposal(root, lens, locus, opt)
+        self.best_proposal(root, &lens, locus, opt)
     }
 }
 
@@ -2160,13 +2249,13 @@ mod tests {
     /// kept, ties to the longer match.
     fn propose_exhaustive(idx: &SuffixIndex, context: &[u32], opt: &ProposeOptions) -> Proposal {
         let root = *context.last().unwrap();
-        let mut best = Proposal::root_only(root);
+        let mut best = Proposal::with_room(root, 0);
         let mut scratch = Expansion::default();
         for len in 1..=idx.max_match(context.len()) {
             let Some(m) = idx.context_match(context, len) else {
                 continue;
             };
-            let mut p = Proposal::root_only(root);
+            let mut p = Proposal::with_room(root, 0);
             assert!(
                 idx.expand(root, (m, len), opt, None, &mut scratch, &mut p)
                     .finished
