@@ -266,6 +266,22 @@ def test_suffix_known_vector() -> None:
     assert t.tree.parents.tolist()[:3] == [-1, 0, 0]
 
 
+def test_suffix_budget_at_max_depth_picks_the_best_match() -> None:
+    # vLLM's suffix-decoding defaults: index depth 24, 24 draft tokens. The context repeats a
+    # 40-token run, so every suffix up to 23 tokens matches once with a certain continuation;
+    # a match of m tokens drafts min(m, 24 - m) of them (factor 1.0, depth bound 24), best at
+    # m = 12. The longest match alone (23 tokens) leaves one level: one draft a step.
+    d = ss.SuffixDrafter(max_depth=24)
+    d.start_request(0, [*range(40), *range(40), *range(10)])
+    got = d.propose(0, budget=24)
+    assert got.match_len == 12
+    assert got.tree.tokens.tolist() == list(range(9, 22))
+    assert got.tree.parents.tolist() == list(range(-1, 12))
+    assert got.score == 12.0
+    # Ties go to the longer match: with a limit of 2 every match of 2..22 tokens scores 2.
+    assert d.propose(0, budget=2).match_len == 22
+
+
 def test_suffix_batch_equals_single() -> None:
     rng = np.random.default_rng(0)
     d = ss.SuffixDrafter(max_depth=16)
