@@ -331,6 +331,28 @@ def test_bad_profiles_name_the_field(profile: dict[str, Any], field: str) -> Non
     assert isinstance(e.value, ValueError)
 
 
+def test_profile_takes_numpy_scalars() -> None:
+    # Measured values come as numpy scalars (np.float32, np.int64, np.bool_): numbers like any
+    # other, stored as Python's own so results and reports carry no numpy types.
+    numpy_profile = {
+        **DECODE_HEAVY,
+        "prompt_tokens": np.int64(DECODE_HEAVY["prompt_tokens"]),
+        "concurrency": np.int32(DECODE_HEAVY.get("concurrency", 1)),
+        "target_forward_ms": np.float32(25.0),
+        "eagle3_acceptance": np.float32(0.75),
+        "chunked_prefill": np.bool_(True),
+    }
+    plain = {k: v.item() if isinstance(v, np.generic) else v for k, v in numpy_profile.items()}
+    p = Profile.from_dict(numpy_profile)
+    assert type(p.prompt_tokens) is float and type(p.concurrency) is int
+    assert type(p.target_forward_ms) is float and p.chunked_prefill is True
+    assert decide(numpy_profile) == decide(plain)
+    with pytest.raises(ProfileError, match="concurrency"):
+        Profile.from_dict({**DECODE_HEAVY, "concurrency": np.float64(2.5)})
+    with pytest.raises(ProfileError, match="prompt_tokens"):
+        Profile.from_dict({**DECODE_HEAVY, "prompt_tokens": np.bool_(True)})
+
+
 def test_bad_files(tmp_path: Path) -> None:
     bad = tmp_path / "p.json"
     bad.write_text("{not json")

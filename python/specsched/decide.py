@@ -33,6 +33,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import numbers
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -162,10 +163,18 @@ class Profile:
             if getattr(self, name) is not None:
                 _probability(name, getattr(self, name))
         for name in ("chunked_prefill", "eagle3_head"):
-            if not isinstance(getattr(self, name), bool):
+            if not isinstance(getattr(self, name), (bool, np.bool_)):
                 raise ProfileError(f"{name}: expected true or false, got {getattr(self, name)!r}")
+            setattr(self, name, bool(getattr(self, name)))
         if self.engine not in ENGINES:
             raise ProfileError(f"engine: {self.engine!r}, expected one of {', '.join(ENGINES)}")
+        # Checked numbers as Python's own: numpy scalars would carry into the model's results
+        # (a float32 rounding every product, a report json cannot write).
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, (bool, str, list)) or value is None:
+                continue
+            setattr(self, f.name, int(value) if f.name == "concurrency" else float(value))
 
     def workload(self) -> list[WorkloadClass]:
         if self.classes is not None:
@@ -188,7 +197,13 @@ class Profile:
 
 
 def _is_number(x: Any) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and not math.isnan(x)
+    # numbers.Real: numpy's scalars too (a measured np.float32 or np.int64 is a number here);
+    # a bool is not, whichever library made it.
+    return (
+        isinstance(x, numbers.Real)
+        and not isinstance(x, (bool, np.bool_))
+        and not math.isnan(float(x))
+    )
 
 
 def _positive(name: str, x: Any) -> None:
@@ -210,7 +225,7 @@ def _probability(name: str, x: Any) -> None:
 
 
 def _integer(name: str, x: Any, minimum: int) -> None:
-    if isinstance(x, bool) or not isinstance(x, int) or x < minimum:
+    if isinstance(x, (bool, np.bool_)) or not isinstance(x, numbers.Integral) or x < minimum:
         raise ProfileError(f"{name}: {x!r}, expected an integer >= {minimum}")
 
 
