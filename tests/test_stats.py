@@ -3,6 +3,8 @@ plain-Python counts of `specsched.reference.acceptance_counts`, and its fitted v
 
 from __future__ import annotations
 
+import pickle
+
 import numpy as np
 import pytest
 import specsched as ss
@@ -183,3 +185,61 @@ def test_updates_keep_counts_within_int64():
     with pytest.raises(ValueError, match=r"^result: the counts would pass 2\*\*63 - 1"):
         stats.update(t, ss.verify(t, np.zeros((2, 4))))
     assert stats.steps == 2**63 - 1 and stats.trials.tolist() == [[2**63 - 1]]
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(trees(1, 24, vocab=3), st.data()), max_size=6))
+def test_pickle_keeps_the_counts(items):
+    # A worker's statistics reach the process that merges them: the counts, the fitted vector
+    # and the plan survive the trip, and the copy merges like the original.
+    stats = ss.AcceptanceStats()
+    for (parents, tokens), data in items:
+        target = data.draw(
+            st.lists(st.integers(0, 2), min_size=len(parents), max_size=len(parents))
+        )
+        tree = ss.Tree(parents, tokens)
+        stats.update(tree, ss.verify(tree, target_tokens=np.asarray(target)))
+    copy = pickle.loads(pickle.dumps(stats))
+    assert copy is not stats
+    assert copy.trials.tolist() == stats.trials.tolist()
+    assert copy.hits.tolist() == stats.hits.tolist()
+    assert (copy.steps, copy.mean_accepted) == (stats.steps, stats.mean_accepted)
+    assert copy.accept_probs().tolist() == stats.accept_probs().tolist()
+    assert copy.optimal_tree(8) == stats.optimal_tree(8)
+    twice = pickle.loads(pickle.dumps(stats))
+    twice.merge(copy)
+    assert twice.hits.tolist() == (2 * stats.hits).tolist() and twice.steps == 2 * stats.steps
+
+
+def test_restored_counts_are_checked():
+    tree = ss.Tree([-1, 0, 0, 1], [5, 6, 7, 8])
+    stats = ss.AcceptanceStats()
+    for target in ([6, 8, 0, 0], [7, 0, 0, 0], [0, 0, 0, 0]):
+        stats.update(tree, ss.verify(tree, target_tokens=np.array(target)))
+    trials, hits, steps, accepted = stats.__reduce__()[2]
+    assert (steps, accepted) == (3, 3)
+    bad = [
+        ((trials, hits[:1], steps, accepted), "hits: expected shape"),
+        ((trials.ravel(), hits.ravel(), steps, accepted), "trials: expected a 2-D array"),
+        ((trials, hits, -1, accepted), "steps"),
+        (
+            (trials + 3, hits, steps, accepted),
+            r"trials\[0, 0\] = 6: expected a count in \[0, steps = 3\]",
+        ),
+        (
+            (trials, hits + np.eye(*hits.shape, dtype=np.int64) * 3, steps, accepted),
+            r"hits\[0, 0\]",
+        ),
+        ((trials, hits, steps, accepted + 1), "accepted: 4, but the hits add up to 3"),
+    ]
+    # Two hits one level down, where one tree arrived.
+    assert trials.tolist() == [[3, 3], [1, 0]] and hits.tolist() == [[1, 1], [1, 0]]
+    deeper = np.array([[1, 0], [2, 0]])
+    bad.append(
+        ((np.array([[3, 3], [2, 0]]), deeper, steps, 3), "depth 1 has 2 hits, more than the 1")
+    )
+    for state, message in bad:
+        fresh = ss.AcceptanceStats()
+        with pytest.raises(ValueError, match=message):
+            fresh.__setstate__(state)
+        assert fresh.steps == 0 and fresh.trials.size == 0  # refused: left as it was

@@ -496,6 +496,18 @@ class AcceptanceStats:
         """Records the verified tree(s) and their accepted paths."""
     def merge(self, other: AcceptanceStats) -> None:
         """Adds another accumulator's counts."""
+    def __reduce__(
+        self,
+    ) -> tuple[
+        type[AcceptanceStats],
+        tuple[()],
+        tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], int, int],
+    ]:
+        """Pickles as its counts (`trials`, `hits`, `steps`, accepted drafts)."""
+    def __setstate__(
+        self, state: tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], int, int]
+    ) -> None:
+        """Restores the counts `__reduce__` gave (checked: ValueError naming the first off)."""
     @property
     def steps(self) -> int:
         """Verified trees recorded."""

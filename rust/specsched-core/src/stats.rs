@@ -134,6 +134,95 @@ impl AcceptanceStats {
         }
     }
 
+    /// An accumulator holding the counts another one reads back (`shape`, `trials` and `hits`
+    /// row-major, `steps`, `accepted`): a worker's statistics shipped to another process, or
+    /// kept across a restart. Counts that no sequence of verified trees produces are refused,
+    /// naming the first that is off: each in `[0, 2**63 - 1]`, hits within trials within
+    /// steps, at each depth no more hits than steps nor than the depth above, and `accepted`
+    /// the hits' total.
+    pub fn from_counts(
+        (depths, ranks): (usize, usize),
+        trials: &[i64],
+        hits: &[i64],
+        steps: i64,
+        accepted: i64,
+    ) -> Result<Self> {
+        let cells = depths.checked_mul(ranks).filter(|&c| c == trials.len());
+        if cells.is_none() || hits.len() != trials.len() {
+            return Err(Error::value(
+                "trials",
+                format!(
+                    "trials and hits must hold {depths} x {ranks} counts, got {} and {}",
+                    trials.len(),
+                    hits.len()
+                ),
+            ));
+        }
+        let count = |name: &'static str, x: i64| {
+            u64::try_from(x).map_err(|_| Error::value(name, format!("{x}: expected >= 0")))
+        };
+        let steps = count("steps", steps)?;
+        let accepted = count("accepted", accepted)?;
+        let (mut out, mut above, mut total) = (Self::new(), steps, 0u64);
+        for d in 0..depths {
+            let mut at_depth = 0u64;
+            for r in 0..ranks {
+                let i = d * ranks + r;
+                let (t, h) = (trials[i], hits[i]);
+                if t < 0 || t as u64 > steps {
+                    return Err(Error::value(
+                        "trials",
+                        format!("trials[{d}, {r}] = {t}: expected a count in [0, steps = {steps}]"),
+                    ));
+                }
+                if h < 0 || h > t {
+                    return Err(Error::value(
+                        "hits",
+                        format!("hits[{d}, {r}] = {h}: expected a count in [0, trials = {t}]"),
+                    ));
+                }
+                at_depth = at_depth.saturating_add(h as u64);
+            }
+            if at_depth > above {
+                return Err(Error::value(
+                    "hits",
+                    format!(
+                        "depth {d} has {at_depth} hits, more than the {above} trees that reached \
+                         it"
+                    ),
+                ));
+            }
+            above = at_depth;
+            total = total.saturating_add(at_depth);
+            out.trials.push(
+                trials[d * ranks..(d + 1) * ranks]
+                    .iter()
+                    .map(|&x| x as u64)
+                    .collect(),
+            );
+            out.hits.push(
+                hits[d * ranks..(d + 1) * ranks]
+                    .iter()
+                    .map(|&x| x as u64)
+                    .collect(),
+            );
+        }
+        if total != accepted {
+            return Err(Error::value(
+                "accepted",
+                format!("{accepted}, but the hits add up to {total}"),
+            ));
+        }
+        out.steps = steps;
+        out.accepted = accepted;
+        Ok(out)
+    }
+
+    /// Accepted draft tokens over every recorded tree (bonus excluded).
+    pub fn accepted(&self) -> u64 {
+        self.accepted
+    }
+
     /// `(depths, ranks)` of the count tables.
     pub fn shape(&self) -> (usize, usize) {
         let ranks = self.trials.iter().map(Vec::len).max().unwrap_or(0);

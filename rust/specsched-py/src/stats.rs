@@ -1,6 +1,6 @@
 //! `AcceptanceStats`: online per-(depth, rank) acceptance counts fed with verify results.
 
-use numpy::{PyArray1, PyArrayDyn};
+use numpy::{PyArray1, PyArrayDyn, PyReadonlyArrayDyn, PyUntypedArrayMethods};
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use pyo3::types::PyTuple;
@@ -18,12 +18,15 @@ pub struct PyAcceptanceStats {
     inner: AcceptanceStats,
 }
 
-fn u64_array<'py>(
+/// `counts` of `stats` (its trials or hits, row-major) as int64 `[depths, ranks]` (counts stay
+/// within int64).
+fn count_table<'py>(
     py: Python<'py>,
-    v: Vec<u64>,
-    shape: &[usize],
+    stats: &AcceptanceStats,
+    counts: Vec<u64>,
 ) -> PyResult<Bound<'py, PyArrayDyn<i64>>> {
-    owned(py, v.into_iter().map(|x| x as i64).collect(), shape)
+    let (d, r) = stats.shape();
+    owned(py, counts.into_iter().map(|x| x as i64).collect(), &[d, r])
 }
 
 #[pymethods]
@@ -99,15 +102,13 @@ impl PyAcceptanceStats {
     /// int64 `[depths, ranks]`: children of a reached node, by child depth - 1 and rank.
     #[getter]
     fn trials<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyArrayDyn<i64>>> {
-        let (d, r) = self.inner.shape();
-        u64_array(py, self.inner.trials(), &[d, r])
+        count_table(py, &self.inner, self.inner.trials())
     }
 
     /// int64 `[depths, ranks]`: accepted children.
     #[getter]
     fn hits<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyArrayDyn<i64>>> {
-        let (d, r) = self.inner.shape();
-        u64_array(py, self.inner.hits(), &[d, r])
+        count_table(py, &self.inner, self.inner.hits())
     }
 
     /// float64 `[ranks]`: fitted acceptance per rank, pooled over depths.
@@ -151,6 +152,63 @@ impl PyAcceptanceStats {
             pyo3::types::PyList::new(py, items)?.into_any(),
             plan.expected,
         ))
+    }
+
+    /// Pickles as its counts (`trials`, `hits`, `steps`, accepted drafts): a worker's
+    /// statistics reach the process that merges them, or outlive a restart.
+    fn __reduce__<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyTuple>> {
+        let py = slf.py();
+        let stats = &slf.try_borrow()?.inner;
+        let state = (
+            count_table(py, stats, stats.trials())?,
+            count_table(py, stats, stats.hits())?,
+            stats.steps(),
+            stats.accepted(),
+        )
+            .into_pyobject(py)?;
+        PyTuple::new(
+            py,
+            [
+                slf.get_type().into_any(),
+                PyTuple::empty(py).into_any(),
+                state.into_any(),
+            ],
+        )
+    }
+
+    /// Restores the counts `__reduce__` gave (checked: counts no verified trees produce are a
+    /// ValueError naming the first one off, and leave this accumulator as it was).
+    fn __setstate__(
+        &mut self,
+        state: (
+            PyReadonlyArrayDyn<'_, i64>,
+            PyReadonlyArrayDyn<'_, i64>,
+            i64,
+            i64,
+        ),
+    ) -> PyResult<()> {
+        let (trials, hits, steps, accepted) = state;
+        let shape = match *trials.shape() {
+            [d, r] => (d, r),
+            _ => {
+                return Err(pyo3::exceptions::PyValueError::new_err(format!(
+                    "trials: expected a 2-D array [depths, ranks], got shape {:?}",
+                    trials.shape()
+                )))
+            }
+        };
+        if hits.shape() != trials.shape() {
+            return Err(pyo3::exceptions::PyValueError::new_err(format!(
+                "hits: expected shape {:?} (as trials), got {:?}",
+                trials.shape(),
+                hits.shape()
+            )));
+        }
+        let (trials, hits) = (trials.as_array(), hits.as_array());
+        let trials: Vec<i64> = trials.iter().copied().collect();
+        let hits: Vec<i64> = hits.iter().copied().collect();
+        self.inner = AcceptanceStats::from_counts(shape, &trials, &hits, steps, accepted).py()?;
+        Ok(())
     }
 
     fn __repr__(&self) -> String {
