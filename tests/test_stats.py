@@ -238,8 +238,19 @@ def test_restored_counts_are_checked():
     bad.append(
         ((np.array([[3, 3], [2, 0]]), deeper, steps, 3), "depth 1 has 2 hits, more than the 1")
     )
-    for state, message in bad:
+    wrong_type = [
+        (None, "state: expected a tuple"),
+        ((trials, hits), "got a tuple of 2"),
+        ((trials.astype(float), hits, steps, accepted), "trials: expected an integer array"),
+        ((trials, hits, True, accepted), "steps: expected an int, got bool"),
+    ]
+    cases = [(*case, ValueError) for case in bad] + [(*case, TypeError) for case in wrong_type]
+    for state, message, kind in cases:
         fresh = ss.AcceptanceStats()
-        with pytest.raises(ValueError, match=message):
+        with pytest.raises(kind, match=message):
             fresh.__setstate__(state)
         assert fresh.steps == 0 and fresh.trials.size == 0  # refused: left as it was
+    # int32 counts (a state written by hand) are read as int64.
+    fresh = ss.AcceptanceStats()
+    fresh.__setstate__((trials.astype(np.int32), hits.astype(np.int32), steps, accepted))
+    assert fresh.hits.tolist() == hits.tolist()

@@ -504,9 +504,7 @@ class AcceptanceStats:
         tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], int, int],
     ]:
         """Pickles as its counts (`trials`, `hits`, `steps`, accepted drafts)."""
-    def __setstate__(
-        self, state: tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], int, int]
-    ) -> None:
+    def __setstate__(self, state: tuple[npt.ArrayLike, npt.ArrayLike, int, int]) -> None:
         """Restores the counts `__reduce__` gave (checked: ValueError naming the first off)."""
     @property
     def steps(self) -> int:

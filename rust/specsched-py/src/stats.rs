@@ -1,13 +1,14 @@
 //! `AcceptanceStats`: online per-(depth, rank) acceptance counts fed with verify results.
 
-use numpy::{PyArray1, PyArrayDyn, PyReadonlyArrayDyn, PyUntypedArrayMethods};
-use pyo3::exceptions::PyTypeError;
+use numpy::{PyArray1, PyArrayDyn};
+use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyTuple;
 
 use specsched_core::{stats::AcceptanceStats, topology::sequoia};
 
-use crate::convert::{owned, type_name, IntoPyResult};
+use crate::convert::{int_arg, owned, type_name, IntoPyResult};
+use crate::ndconv::i64_array;
 use crate::tree::{PyTree, PyTreeBatch};
 use crate::verify::{PyBatchVerifyResult, PyVerifyResult};
 
@@ -178,35 +179,37 @@ impl PyAcceptanceStats {
 
     /// Restores the counts `__reduce__` gave (checked: counts no verified trees produce are a
     /// ValueError naming the first one off, and leave this accumulator as it was).
-    fn __setstate__(
-        &mut self,
-        state: (
-            PyReadonlyArrayDyn<'_, i64>,
-            PyReadonlyArrayDyn<'_, i64>,
-            i64,
-            i64,
-        ),
-    ) -> PyResult<()> {
-        let (trials, hits, steps, accepted) = state;
-        let shape = match *trials.shape() {
-            [d, r] => (d, r),
-            _ => {
-                return Err(pyo3::exceptions::PyValueError::new_err(format!(
-                    "trials: expected a 2-D array [depths, ranks], got shape {:?}",
-                    trials.shape()
-                )))
-            }
-        };
+    fn __setstate__(&mut self, state: &Bound<'_, PyAny>) -> PyResult<()> {
+        let parts = state
+            .cast::<PyTuple>()
+            .ok()
+            .filter(|t| t.len() == 4)
+            .ok_or_else(|| {
+                let got = match state.cast::<PyTuple>() {
+                    Ok(t) => format!("a tuple of {}", t.len()),
+                    Err(_) => type_name(state),
+                };
+                PyTypeError::new_err(format!(
+                    "state: expected a tuple (trials, hits, steps, accepted), got {got}"
+                ))
+            })?;
+        let trials = i64_array(&parts.get_item(0)?, "trials", 2)?;
+        let hits = i64_array(&parts.get_item(1)?, "hits", 2)?;
+        let steps = int_arg(&parts.get_item(2)?, "steps")?;
+        let accepted = int_arg(&parts.get_item(3)?, "accepted")?;
+        let (trials, hits) = (trials.view(), hits.view());
         if hits.shape() != trials.shape() {
-            return Err(pyo3::exceptions::PyValueError::new_err(format!(
+            return Err(PyValueError::new_err(format!(
                 "hits: expected shape {:?} (as trials), got {:?}",
                 trials.shape(),
                 hits.shape()
             )));
         }
-        let (trials, hits) = (trials.as_array(), hits.as_array());
-        let trials: Vec<i64> = trials.iter().copied().collect();
-        let hits: Vec<i64> = hits.iter().copied().collect();
+        let shape = (trials.shape()[0], trials.shape()[1]);
+        let (trials, hits): (Vec<i64>, Vec<i64>) = (
+            trials.iter().copied().collect(),
+            hits.iter().copied().collect(),
+        );
         self.inner = AcceptanceStats::from_counts(shape, &trials, &hits, steps, accepted).py()?;
         Ok(())
     }
