@@ -72,13 +72,20 @@
 //! 10^5 stdlib bytes and 5.0-7.2 M/s on 10^6 (online: 2-3 and 1.2-1.9).
 //! Eviction of a sequence of n tokens: O(n * max_depth) (a wide node's child leaves its list in
 //! O(1); a narrow node has at most a few children to scan).
-//! Propose: the request's own matches are its active suffixes (no search); the global index's,
-//! one walk from the root per length, O(max_depth^2) steps worst case; an expansion
-//! O(budget * children log) per match, worst case one per length. The search is cut short
-//! exactly: lengths are tried by decreasing score bound (drafts taken, levels left) and stop
-//! when none left can win, an expansion stops when the drafts it has left cannot win, and a
-//! shorter match with the same occurrences as one already grown is skipped (on stdlib bytes
-//! at max_depth 64: ~2-5 us per proposal, against ~2-4 for the longest match alone).
+//! Propose: the request's own matches are its active suffixes (no search); the global index's
+//! lengths up to the longest that occurs (one walk when the whole context window occurs, a
+//! binary search of walks otherwise), each then reached a node at a time (a suffix known to
+//! occur takes each chain whole). An expansion is O(budget * children log) per match, worst
+//! case one per length. The search is cut short exactly: lengths are tried by decreasing
+//! score bound (drafts taken, levels left) and stop at the first that cannot win, an
+//! expansion stops when the drafts it has left cannot win, and a shorter match with the same
+//! occurrences as one already grown is skipped unwalked. On stdlib bytes at max_depth 64:
+//! ~2-5 us per proposal, as for the longest match alone. Worst cases, a global index holding
+//! one 10^4-byte response: a context that repeats it up to 10 bytes before its end (every
+//! length scores the same 10 drafts, so none is cut short) 9.4 us at max_depth 64, 1.9 ms at
+//! 4096 (the longest match alone: 2.4 us and 18 us); a context joining two of its passages
+//! (every long suffix fails at the join) 49 us at 4096, where trying lengths down from the
+//! longest took 12.6 ms.
 
 use std::cmp::Ordering;
 use std::collections::hash_map::Entry;
@@ -492,6 +499,31 @@ fn push_candidates(
         *order += 1;
         if opt.chain {
             break;
+        }
+    }
+}
+
+/// Candidate match lengths, longest first.
+#[derive(Debug, Clone, Copy)]
+enum Lengths<'a> {
+    /// These (a request's own matches).
+    Listed(&'a [usize]),
+    /// `n, n - 1, ..., 1` (every length a search may try).
+    UpTo(usize),
+}
+
+impl Lengths<'_> {
+    fn count(self) -> usize {
+        match self {
+            Lengths::Listed(l) => l.len(),
+            Lengths::UpTo(n) => n,
+        }
+    }
+
+    fn at(self, i: usize) -> usize {
+        match self {
+            Lengths::Listed(l) => l[i],
+            Lengths::UpTo(n) => n - i,
         }
     }
 }
@@ -1593,6 +1625,26 @@ impl SuffixIndex {
         Some(l)
     }
 
+    /// The locus of `context`'s suffix of length `len`, known to occur: down from the root a
+    /// node at a time, each chain taken whole (its labels are the suffix's tokens when the
+    /// suffix occurs), O(nodes on the path) rather than O(len). `None` only if it does not
+    /// occur after all.
+    fn descend_occurring(&self, context: &[u32], len: usize) -> Option<Locus> {
+        let suffix = &context[context.len() - len..];
+        let mut l = Locus {
+            node: ROOT,
+            depth: 0,
+        };
+        while (l.depth as usize) < len {
+            let child = self.find_child(l.node, suffix[l.depth as usize]).0?;
+            l = Locus {
+                node: child,
+                depth: self.end(child).min(len as u32),
+            };
+        }
+        Some(l)
+    }
+
     /// The locus of `context`'s suffix of length `len` when it occurs followed by a token.
     #[cfg(test)]
     fn context_match(&self, context: &[u32], len: usize) -> Option<Locus> {
@@ -1663,21 +1715,32 @@ impl SuffixIndex {
         }
     }
 
-    /// `lens` (longest first) in decreasing order of [`Self::score_bound`], ties to the
-    /// longer, with their bounds. No sort: the bound is the draft limit up to the length where
-    /// that passes the levels left (and the limit never falls as the length grows), the levels
-    /// past it (which fall), so the lengths up to there go longest first and those past it
-    /// shortest first, merged.
+    /// `lens` in decreasing order of [`Self::score_bound`], ties to the longer, with their
+    /// bounds. No sort: the bound is the draft limit up to the length where that passes the
+    /// levels left (and the limit never falls as the length grows), the levels past it (which
+    /// fall), so the lengths up to there go longest first and those past it shortest first,
+    /// merged.
     fn by_bound<'a>(
         &'a self,
-        lens: &'a [usize],
+        lens: Lengths<'a>,
         opt: &'a ProposeOptions,
     ) -> impl Iterator<Item = (f64, usize)> + 'a {
         let levels = |len: usize| self.max_depth as usize - len;
-        let split = lens.partition_point(|&len| Self::draft_limit(len, opt) > levels(len));
-        let bounded = move |len: &usize| (self.score_bound(*len, opt), *len);
-        let mut past = lens[..split].iter().rev().map(bounded).peekable();
-        let mut up_to = lens[split..].iter().map(bounded).peekable();
+        // The first index whose length is within the limit's reach (a binary search: the
+        // lengths fall with the index and the test turns false once).
+        let (mut lo, mut hi) = (0, lens.count());
+        while lo < hi {
+            let mid = lo + (hi - lo) / 2;
+            let len = lens.at(mid);
+            if Self::draft_limit(len, opt) > levels(len) {
+                lo = mid + 1;
+            } else {
+                hi = mid;
+            }
+        }
+        let bounded = move |i: usize| (self.score_bound(lens.at(i), opt), lens.at(i));
+        let mut past = (0..lo).rev().map(bounded).peekable();
+        let mut up_to = (lo..lens.count()).map(bounded).peekable();
         std::iter::from_fn(move || match (past.peek(), up_to.peek()) {
             (Some(a), Some(b)) if a.0 < b.0 => up_to.next(),
             (Some(_), _) => past.next(),
@@ -1695,46 +1758,52 @@ impl SuffixIndex {
     fn best_proposal(
         &self,
         root: u32,
-        lens: &[usize],
-        mut locus: impl FnMut(usize) -> Option<Locus>,
+        lens: Lengths<'_>,
+        matches: (
+            impl Fn(usize) -> Option<Locus>,
+            impl Fn(Locus, usize) -> usize,
+        ),
         opt: &ProposeOptions,
     ) -> Proposal {
+        let (locus, group_floor) = matches;
         // Room for the drafts of the longest match (up to a point: a large budget is a bound,
         // not what the index holds), so the growth does not reallocate as it goes.
-        let room = lens
-            .first()
-            .map_or(0, |&len| Self::draft_limit(len, opt))
-            .min(256);
+        let room = if lens.count() == 0 {
+            0
+        } else {
+            Self::draft_limit(lens.at(0), opt).min(256)
+        };
         let (mut best, mut grown) = (
             Proposal::with_room(root, room),
             Proposal::with_room(root, room),
         );
         let mut to_beat: Option<ToBeat> = None;
         let mut scratch = Expansion::default();
-        // (count, length) of the matches expanded without reaching the depth bound. A shorter
-        // match with the same count has the same occurrences (each of the longer's ends a
-        // shorter one), hence the same counts below it: its expansion is the longer's,
-        // taken no further (its limit is no larger), so it scores no more and loses the tie.
-        // (The bound order already keeps a shorter match that could draft past the longer
-        // one's levels ahead of it; the depth check keeps the skip right on its own.)
-        let mut uncut: Vec<(u32, usize)> = Vec::new();
+        // Lengths `lo..hi` whose matches have the occurrences of the match of length `hi`,
+        // grown without reaching the depth bound: a shorter match with the same count has the
+        // same occurrences (each of the longer's ends a shorter one), hence the same counts
+        // below it, so its expansion is the longer's taken no further (its limit is no
+        // larger), or given up at the same point: it scores no more and loses the tie. They
+        // are skipped unwalked. (The bound order already keeps a shorter match that could
+        // draft past the longer one's levels ahead of it; the depth check keeps the skip
+        // right on its own.)
+        let mut same_as_longer: Vec<(usize, usize)> = Vec::new();
         for (bound, len) in self.by_bound(lens, opt) {
-            if let Some(b) = to_beat {
-                if bound < b.score {
-                    break;
-                }
-                if b.out_of_reach(bound, len) {
-                    continue;
-                }
+            // In this order a length that cannot win is followed only by lengths that cannot
+            // either: a lower bound, or the same bound and a shorter match.
+            if to_beat.is_some_and(|b| b.out_of_reach(bound, len)) {
+                break;
             }
-            let Some(m) = locus(len) else { continue };
-            let count = self.node_count(m.node);
-            if uncut.iter().any(|&(c, l)| c == count && l > len) {
+            if same_as_longer
+                .iter()
+                .any(|&(lo, hi)| (lo..hi).contains(&len))
+            {
                 continue;
             }
+            let Some(m) = locus(len) else { continue };
             let grew = self.expand(root, (m, len), opt, to_beat, &mut scratch, &mut grown);
             if !grew.depth_cut {
-                uncut.push((count, len));
+                same_as_longer.push((group_floor(m, len), len));
             }
             if grew.finished && to_beat.is_none_or(|b| b.beaten_by(grown.score, len)) {
                 std::mem::swap(&mut best, &mut grown);
@@ -1818,24 +1887,31 @@ impl SuffixIndex {
     /// Proposal from this index for `context` (a non-empty token list).
     pub fn propose_for(&self, context: &[u32], opt: &ProposeOptions) -> Proposal {
         let root = *context.last().expect("non-empty context");
-        // Lengths past `occurring` do not occur (a suffix of an occurring string occurs), so
-        // they need no walk. The first walk that fails finds the longest that occurs by a
-        // binary search below it (no later walk fails): lengths are tried by score bound, not
-        // in length order, and a context that repeats little indexed text would otherwise
-        // cost a failed walk for each length past its longest match.
-        let mut occurring = self.max_match(context.len());
-        let lens: Vec<usize> = (1..=occurring).rev().collect();
+        // Lengths past the longest that occurs need no walk (a suffix of an occurring string
+        // occurs), and those up to it are known to occur, so each walk skips whole chains.
+        let occurring = self.longest_occurring(context, self.max_match(context.len()));
         let locus = |len: usize| {
-            if len > occurring {
-                return None;
-            }
-            let found = self.context_locus(context, len);
-            if found.is_none() {
-                occurring = self.longest_occurring(context, len - 1);
-            }
-            found.filter(|&l| self.has_continuation(l))
+            self.descend_occurring(context, len)
+                .filter(|&l| self.has_continuation(l))
         };
-        self.best_proposal(root, &lens, locus, opt)
+        // The shortest length with the count of `m` (counts fall as the length grows).
+        let group_floor = |m: Locus, len: usize| {
+            let count = self.node_count(m.node);
+            let (mut lo, mut hi) = (1, len);
+            while lo < hi {
+                let mid = lo + (hi - lo) / 2;
+                let same = self
+                    .descend_occurring(context, mid)
+                    .is_some_and(|l| self.node_count(l.node) == count);
+                if same {
+                    hi = mid;
+                } else {
+                    lo = mid + 1;
+                }
+            }
+            lo
+        };
+        self.best_proposal(root, Lengths::UpTo(occurring), (locus, group_floor), opt)
     }
 
     /// Proposal from this index for sequence `seq`'s own context.
@@ -1848,7 +1924,17 @@ impl SuffixIndex {
         let matches = self.own_matches(seq, self.max_match(toks.len()));
         let lens: Vec<usize> = matches.iter().map(|&(len, _)| len).collect();
         let locus = |len| matches.iter().find(|m| m.0 == len).map(|m| m.1);
-        self.best_proposal(root, &lens, locus, opt)
+        // The shortest match with the count of `m` (only matches are candidates).
+        let group_floor = |m: Locus, len: usize| {
+            let count = self.node_count(m.node);
+            matches
+                .iter()
+                .filter(|&&(_, l)| self.node_count(l.node) == count)
+                .map(|&(n, _)| n)
+                .min()
+                .unwrap_or(len)
+        };
+        self.best_proposal(root, Lengths::Listed(&lens), (locus, group_floor), opt)
     }
 }
 
@@ -2265,6 +2351,33 @@ mod tests {
             }
         }
         best
+    }
+
+    /// `by_bound` is the lengths sorted by (bound descending, length descending): the search
+    /// stops at the first length that cannot win on that order alone.
+    #[test]
+    fn lengths_come_by_bound_then_longer() {
+        let mut x = 31u64;
+        for _ in 0..300 {
+            let depth = 2 + (rng(&mut x) % 80) as i64;
+            let idx = SuffixIndex::new(depth).unwrap();
+            let budget = 1 + (rng(&mut x) % 100) as i64;
+            let factor = [0.0, 0.3, 1.0, 1.7, 4.0][rng(&mut x) as usize % 5];
+            let opt = ProposeOptions::new(budget, 0.1, factor, false).unwrap();
+            let most = depth as usize - 1;
+            let listed: Vec<usize> = (1..=most)
+                .rev()
+                .filter(|_| !rng(&mut x).is_multiple_of(3))
+                .collect();
+            for lens in [Lengths::UpTo(most), Lengths::Listed(&listed)] {
+                let got: Vec<(f64, usize)> = idx.by_bound(lens, &opt).collect();
+                let mut want: Vec<(f64, usize)> = (0..lens.count())
+                    .map(|i| (idx.score_bound(lens.at(i), &opt), lens.at(i)))
+                    .collect();
+                want.sort_by(|a, b| b.0.total_cmp(&a.0).then(b.1.cmp(&a.1)));
+                assert_eq!(got, want, "depth {depth} budget {budget} factor {factor}");
+            }
+        }
     }
 
     /// The pruned search (bounds, early stops, skipped same-occurrence matches) chooses what
