@@ -75,17 +75,17 @@
 //! Propose: the request's own matches are its active suffixes (no search); the global index's
 //! lengths up to the longest that occurs (one walk when the whole context window occurs, a
 //! binary search of walks otherwise), each then reached a node at a time (a suffix known to
-//! occur takes each chain whole). An expansion is O(budget * children log) per match, worst
-//! case one per length. The search is cut short exactly: lengths are tried by decreasing
-//! score bound (drafts taken, levels left) and stop at the first that cannot win, an
-//! expansion stops when the drafts it has left cannot win, and a shorter match with the same
-//! occurrences as one already grown is skipped unwalked. On stdlib bytes at max_depth 64:
-//! ~2-5 us per proposal, as for the longest match alone. Worst cases, a global index holding
-//! one 10^4-byte response: a context that repeats it up to 10 bytes before its end (every
-//! length scores the same 10 drafts, so none is cut short) 9.4 us at max_depth 64, 1.9 ms at
-//! 4096 (the longest match alone: 2.4 us and 18 us); a context joining two of its passages
-//! (every long suffix fails at the join) 49 us at 4096, where trying lengths down from the
-//! longest took 12.6 ms.
+//! occur takes each chain whole). An expansion is O(budget * children log) per match. The
+//! search is cut short exactly: lengths are tried by decreasing score bound (drafts taken,
+//! levels left) and stop at the first that cannot win; an expansion stops when the drafts it
+//! has left cannot win; and the lengths whose match has the occurrences of one already grown
+//! (its *group*: the same count) are settled by it unwalked (see `best_proposal`). On stdlib
+//! bytes at max_depth 64: ~1.5-5 us per proposal, as for the longest match alone (a batch of
+//! 64 requests' own indexes 1.3-1.4x: more of their matches are tried). Worst cases measured,
+//! a global index holding one 10^4-byte response: a context that repeats it up to 10 bytes
+//! before its end 4.0 us at max_depth 64, 65 us at 4096 (the longest match alone: 2.4 and
+//! 18 us); a context joining two of its passages 43 us at 4096, where trying lengths down
+//! from the longest took 12.6 ms (every long suffix walks to the join and fails there).
 
 use std::cmp::Ordering;
 use std::collections::hash_map::Entry;
@@ -478,6 +478,32 @@ struct Expansion {
     order: u64,
 }
 
+/// The largest `d` in `0..=most` with `holds(d)`, for a `holds` true at 0 and true up to some
+/// point only: doubling steps, then a binary search in the last one (O(log d) calls).
+fn gallop(most: usize, holds: impl Fn(usize) -> bool) -> usize {
+    let (mut good, mut step) = (0, 1);
+    let mut bad = loop {
+        if good == most {
+            return most;
+        }
+        let probe = (good + step).min(most);
+        if !holds(probe) {
+            break probe;
+        }
+        good = probe;
+        step *= 2;
+    };
+    while bad - good > 1 {
+        let mid = good + (bad - good) / 2;
+        if holds(mid) {
+            good = mid;
+        } else {
+            bad = mid;
+        }
+    }
+    good
+}
+
 /// Pushes the children `kids` of draft node `parent` whose path probability (count over
 /// `c0`) is at least `min_prob` (only the first in chain mode).
 fn push_candidates(
@@ -503,6 +529,15 @@ fn push_candidates(
     }
 }
 
+/// How [`SuffixIndex::best_proposal`] reaches the candidate matches: the locus of a length
+/// (`None`: no match there), and the shortest and longest candidate lengths with the count
+/// of a match (given its locus and length).
+struct Matches<L, F, C> {
+    locus: L,
+    floor: F,
+    ceiling: C,
+}
+
 /// Candidate match lengths, longest first.
 #[derive(Debug, Clone, Copy)]
 enum Lengths<'a> {
@@ -526,15 +561,28 @@ impl Lengths<'_> {
             Lengths::UpTo(n) => n - i,
         }
     }
+
+    /// The longest of these lengths in `lo..=hi` (`lo` is one of them).
+    fn longest_within(self, lo: usize, hi: usize) -> usize {
+        match self {
+            Lengths::Listed(l) => l.iter().copied().find(|&n| n <= hi).unwrap_or(lo).max(lo),
+            Lengths::UpTo(n) => hi.min(n).max(lo),
+        }
+    }
 }
 
 /// How an expansion ended.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, Default)]
 struct Grew {
     /// It took every draft it could (false: it gave up, unable to win).
     finished: bool,
     /// Some node it took sits at the index's depth bound, where children are not stored.
     depth_cut: bool,
+    /// It ran out of candidates before its limit: every node it took had its children
+    /// considered, and none is left.
+    exhausted: bool,
+    /// Depth below the match of the deepest draft it took.
+    deepest: usize,
 }
 
 /// The best proposal so far, as another must beat it: a higher score, or the same score from
@@ -1759,13 +1807,13 @@ impl SuffixIndex {
         &self,
         root: u32,
         lens: Lengths<'_>,
-        matches: (
+        matches: Matches<
             impl Fn(usize) -> Option<Locus>,
             impl Fn(Locus, usize) -> usize,
-        ),
+            impl Fn(Locus, usize) -> usize,
+        >,
         opt: &ProposeOptions,
     ) -> Proposal {
-        let (locus, group_floor) = matches;
         // Room for the drafts of the longest match (up to a point: a large budget is a bound,
         // not what the index holds), so the growth does not reallocate as it goes.
         let room = if lens.count() == 0 {
@@ -1779,37 +1827,54 @@ impl SuffixIndex {
         );
         let mut to_beat: Option<ToBeat> = None;
         let mut scratch = Expansion::default();
-        // Lengths `lo..hi` whose matches have the occurrences of the match of length `hi`,
-        // grown without reaching the depth bound: a shorter match with the same count has the
-        // same occurrences (each of the longer's ends a shorter one), hence the same counts
-        // below it, so its expansion is the longer's taken no further (its limit is no
-        // larger), or given up at the same point: it scores no more and loses the tie. They
-        // are skipped unwalked. (The bound order already keeps a shorter match that could
-        // draft past the longer one's levels ahead of it; the depth check keeps the skip
-        // right on its own.)
-        let mut same_as_longer: Vec<(usize, usize)> = Vec::new();
+        // Lengths `lo..=hi` settled by a match grown among them. A match's *group* are the
+        // candidate lengths with its count: they have its occurrences (each of the longer's
+        // ends a shorter one), hence its counts below them, down to the depth bound. When the
+        // growth did not reach that bound, a shorter member's expansion is the same one taken
+        // no further (its limit is no larger) or given up at the same point: it scores no
+        // more and loses the tie. When the growth also ran out of candidates, a longer member
+        // takes the same drafts while its levels hold them (its limit is no smaller), and
+        // fewer, scoring less, past that: the longest such member is the group's choice, with
+        // the same drafts. Either way the settled lengths are skipped unwalked.
+        // (shortest, match, longest) of each group settled so far; the shortest member is
+        // found when a shorter length first needs it (usually none does).
+        let mut settled: Vec<(Option<usize>, Locus, usize)> = Vec::new();
         for (bound, len) in self.by_bound(lens, opt) {
             // In this order a length that cannot win is followed only by lengths that cannot
             // either: a lower bound, or the same bound and a shorter match.
             if to_beat.is_some_and(|b| b.out_of_reach(bound, len)) {
                 break;
             }
-            if same_as_longer
-                .iter()
-                .any(|&(lo, hi)| (lo..hi).contains(&len))
-            {
+            let is_settled = settled.iter_mut().any(|(floor, m, hi)| {
+                len <= *hi
+                    && (len >= m.depth as usize
+                        || len
+                            >= *floor.get_or_insert_with(|| (matches.floor)(*m, m.depth as usize)))
+            });
+            if is_settled {
                 continue;
             }
-            let Some(m) = locus(len) else { continue };
+            let Some(m) = (matches.locus)(len) else {
+                continue;
+            };
             let grew = self.expand(root, (m, len), opt, to_beat, &mut scratch, &mut grown);
+            let mut chosen = len;
             if !grew.depth_cut {
-                same_as_longer.push((group_floor(m, len), len));
+                let mut longest = len;
+                if grew.exhausted {
+                    let ceiling = (matches.ceiling)(m, len);
+                    let deepest_fits = self.max_depth as usize - grew.deepest;
+                    chosen = lens.longest_within(len, ceiling.min(deepest_fits));
+                    grown.match_len = chosen;
+                    longest = ceiling;
+                }
+                settled.push((None, m, longest));
             }
-            if grew.finished && to_beat.is_none_or(|b| b.beaten_by(grown.score, len)) {
+            if grew.finished && to_beat.is_none_or(|b| b.beaten_by(grown.score, chosen)) {
                 std::mem::swap(&mut best, &mut grown);
                 to_beat = Some(ToBeat {
                     score: best.score,
-                    match_len: len,
+                    match_len: chosen,
                 });
             }
         }
@@ -1843,27 +1908,28 @@ impl SuffixIndex {
             // match can have hundreds.
             let top = kids.iter().map(|k| k.0).max().unwrap_or(0);
             if b.out_of_reach(limit as f64 * (top as f64 / c0) * (1.0 + 1e-9), match_len) {
-                return Grew {
-                    finished: false,
-                    depth_cut: false,
-                };
+                return Grew::default();
             }
         }
         kids.sort_unstable_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
         if limit > 0 {
             push_candidates(heap, kids, 0, c0, opt, order);
         }
-        let mut depth_cut = false;
+        let mut grew = Grew {
+            finished: true,
+            ..Grew::default()
+        };
         while p.parents.len() <= limit {
-            let Some(c) = heap.pop() else { break };
+            let Some(c) = heap.pop() else {
+                grew.exhausted = true;
+                break;
+            };
             let prob = c.count as f64 / c0;
             if let Some(b) = to_beat {
                 let left = (limit + 1 - p.parents.len()) as f64;
                 if b.out_of_reach((p.score + left * prob) * (1.0 + 1e-9), match_len) {
-                    return Grew {
-                        finished: false,
-                        depth_cut,
-                    };
+                    grew.finished = false;
+                    return grew;
                 }
             }
             let idx = p.parents.len() as i32;
@@ -1871,17 +1937,15 @@ impl SuffixIndex {
             p.tokens.push(c.token as i64);
             p.probs.push(prob);
             p.score += prob;
+            grew.deepest = grew.deepest.max(c.locus.depth as usize - match_len);
             if p.parents.len() <= limit {
                 // At the index's depth bound a node has no children stored, whatever follows.
-                depth_cut |= c.locus.depth >= self.max_depth;
+                grew.depth_cut |= c.locus.depth >= self.max_depth;
                 self.children(c.locus, 1, kids);
                 push_candidates(heap, kids, idx, c0, opt, order);
             }
         }
-        Grew {
-            finished: true,
-            depth_cut,
-        }
+        grew
     }
 
     /// Proposal from this index for `context` (a non-empty token list).
@@ -1894,24 +1958,21 @@ impl SuffixIndex {
             self.descend_occurring(context, len)
                 .filter(|&l| self.has_continuation(l))
         };
-        // The shortest length with the count of `m` (counts fall as the length grows).
-        let group_floor = |m: Locus, len: usize| {
-            let count = self.node_count(m.node);
-            let (mut lo, mut hi) = (1, len);
-            while lo < hi {
-                let mid = lo + (hi - lo) / 2;
-                let same = self
-                    .descend_occurring(context, mid)
-                    .is_some_and(|l| self.node_count(l.node) == count);
-                if same {
-                    hi = mid;
-                } else {
-                    lo = mid + 1;
-                }
-            }
-            lo
+        // The lengths with the count of `m` (counts fall as the length grows): a galloping
+        // search on each side, O(log) walks in the distance to the group's end.
+        let same_count = |m: Locus, n: usize| {
+            self.descend_occurring(context, n)
+                .is_some_and(|l| self.node_count(l.node) == self.node_count(m.node))
         };
-        self.best_proposal(root, Lengths::UpTo(occurring), (locus, group_floor), opt)
+        let floor = |m: Locus, len: usize| len - gallop(len - 1, |d| same_count(m, len - d));
+        let ceiling =
+            |m: Locus, len: usize| len + gallop(occurring - len, |d| same_count(m, len + d));
+        let matches = Matches {
+            locus,
+            floor,
+            ceiling,
+        };
+        self.best_proposal(root, Lengths::UpTo(occurring), matches, opt)
     }
 
     /// Proposal from this index for sequence `seq`'s own context.
@@ -1924,17 +1985,22 @@ impl SuffixIndex {
         let matches = self.own_matches(seq, self.max_match(toks.len()));
         let lens: Vec<usize> = matches.iter().map(|&(len, _)| len).collect();
         let locus = |len| matches.iter().find(|m| m.0 == len).map(|m| m.1);
-        // The shortest match with the count of `m` (only matches are candidates).
-        let group_floor = |m: Locus, len: usize| {
+        // The matches with the count of `m` (only matches are candidates).
+        let members = |m: Locus| {
             let count = self.node_count(m.node);
             matches
                 .iter()
-                .filter(|&&(_, l)| self.node_count(l.node) == count)
+                .filter(move |&&(_, l)| self.node_count(l.node) == count)
                 .map(|&(n, _)| n)
-                .min()
-                .unwrap_or(len)
         };
-        self.best_proposal(root, Lengths::Listed(&lens), (locus, group_floor), opt)
+        let floor = |m: Locus, len: usize| members(m).min().unwrap_or(len);
+        let ceiling = |m: Locus, len: usize| members(m).max().unwrap_or(len);
+        let matches = Matches {
+            locus,
+            floor,
+            ceiling,
+        };
+        self.best_proposal(root, Lengths::Listed(&lens), matches, opt)
     }
 }
 
@@ -2351,6 +2417,22 @@ mod tests {
             }
         }
         best
+    }
+
+    #[test]
+    fn gallop_finds_the_last_that_holds() {
+        for most in 0..70 {
+            for last in 0..=most {
+                let calls = std::cell::Cell::new(0);
+                let got = gallop(most, |d| {
+                    calls.set(calls.get() + 1);
+                    assert!(d <= most && d > 0, "probe {d} of 0..={most}");
+                    d <= last
+                });
+                assert_eq!(got, last, "most {most}");
+                assert!(calls.get() <= 2 * (usize::BITS - (last + 1).leading_zeros()) as usize + 1);
+            }
+        }
     }
 
     /// `by_bound` is the lengths sorted by (bound descending, length descending): the search
