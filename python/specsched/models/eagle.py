@@ -254,11 +254,15 @@ class EagleDrafter(_HeadDrafter):
         state.build_seconds += clock() - t0
         features = root_out[:, None].expand(-1, k, -1)
         slots = torch.arange(k, device=dev)
+        out = None
         for level in range(1, self.depth):
             if settled:
                 # No deeper candidate can enter any request's tree: the same trees as at
                 # full depth, without the remaining head forwards.
                 break
+            if out is not None:
+                # The new frontier's parents' features, gathered only when a level follows.
+                features = out.gather(1, io.parent_index.to(dev)[:, :, None].expand_as(out))
             # The step the builder wrote: read here, before the next call overwrites it.
             out = state.feed(
                 features,
@@ -271,7 +275,6 @@ class EagleDrafter(_HeadDrafter):
             t0 = clock()
             settled = builder.expand_in_place()
             state.build_seconds += clock() - t0
-            features = out.gather(1, io.parent_index.to(dev)[:, :, None].expand_as(out))
         t0 = clock()
         # Depth first: the head's best path is nodes 0, 1, 2, ..., so an accepted prefix of it
         # needs no KV moves.
