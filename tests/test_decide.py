@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import sys
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
@@ -351,6 +352,24 @@ def test_profile_takes_numpy_scalars() -> None:
         Profile.from_dict({**DECODE_HEAVY, "concurrency": np.float64(2.5)})
     with pytest.raises(ProfileError, match="prompt_tokens"):
         Profile.from_dict({**DECODE_HEAVY, "prompt_tokens": np.bool_(True)})
+    # numpy registers a duration as an integer; it is not a count or a time in ms here.
+    for field, value in [
+        ("concurrency", np.timedelta64(4)),
+        ("target_forward_ms", np.timedelta64(25, "ms")),
+        ("eagle3_acceptance", np.timedelta64(1)),
+        ("prompt_tokens", np.timedelta64(1)),
+    ]:
+        with pytest.raises(ProfileError, match=field):
+            Profile.from_dict({**DECODE_HEAVY, field: value})
+    with pytest.raises(ProfileError, match=r"classes\[0\].share"):
+        Profile.from_dict(
+            {"classes": [{"share": np.timedelta64(1), "prompt_tokens": 5, "output_tokens": 3}]}
+        )
+    # Past float64: out of range, said by name (float() raised OverflowError).
+    with pytest.raises(ProfileError, match="prompt_tokens"):
+        Profile.from_dict({**DECODE_HEAVY, "prompt_tokens": Fraction(10**400)})
+    with pytest.raises(ProfileError, match="output_tokens"):
+        Profile.from_dict({**DECODE_HEAVY, "output_tokens": 10**400})
 
 
 def test_bad_files(tmp_path: Path) -> None:

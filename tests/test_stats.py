@@ -224,7 +224,7 @@ def test_restored_counts_are_checked():
         ((trials, hits, -1, accepted), "steps"),
         (
             (trials + 3, hits, steps, accepted),
-            r"trials\[0, 0\] = 6: expected a count in \[0, steps = 3\]",
+            r"trials\[0, 0\] = 6: expected a count in \[0, 3\], the trees that reached depth 0",
         ),
         (
             (trials, hits + np.eye(*hits.shape, dtype=np.int64) * 3, steps, accepted),
@@ -232,11 +232,13 @@ def test_restored_counts_are_checked():
         ),
         ((trials, hits, steps, accepted + 1), "accepted: 4, but the hits add up to 3"),
     ]
-    # Two hits one level down, where one tree arrived.
+    # Four hits at the root's children over three trees (each rank within its trials).
     assert trials.tolist() == [[3, 3], [1, 0]] and hits.tolist() == [[1, 1], [1, 0]]
-    deeper = np.array([[1, 0], [2, 0]])
     bad.append(
-        ((np.array([[3, 3], [2, 0]]), deeper, steps, 3), "depth 1 has 2 hits, more than the 1")
+        (
+            (trials, np.array([[2, 2], [0, 0]]), steps, 4),
+            "depth 0 has 4 hits, more than the 3 trees that reached it",
+        )
     )
     wrong_type = [
         (None, "state: expected a tuple"),
@@ -244,6 +246,28 @@ def test_restored_counts_are_checked():
         ((trials.astype(float), hits, steps, accepted), "trials: expected an integer array"),
         ((trials, hits, True, accepted), "steps: expected an int, got bool"),
     ]
+    # Children tried one level down, where only one tree arrived (one hit at depth 0 here).
+    bad.append(
+        (
+            (np.array([[3, 3], [2, 0]]), np.array([[1, 0], [0, 0]]), steps, 1),
+            r"trials\[1, 0\] = 2: expected a count in \[0, 1\], the trees that reached depth 1",
+        )
+    )
+    # Trials at every depth with no hit to reach them: their rank totals would pass 2**64.
+    top = 2**63 - 1
+    bad.append(
+        (
+            (np.full((3, 1), top), np.full((3, 1), top // 3), top, 3 * (top // 3)),
+            r"trials\[1, 0\]",
+        )
+    )
+    # A depth's hits are added exactly, past 2**64.
+    bad.append(
+        (
+            (np.full((1, 3), top), np.full((1, 3), top), top, top),
+            f"depth 0 has {3 * top} hits, more than the {top} trees",
+        )
+    )
     cases = [(*case, ValueError) for case in bad] + [(*case, TypeError) for case in wrong_type]
     for state, message, kind in cases:
         fresh = ss.AcceptanceStats()

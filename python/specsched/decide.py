@@ -196,14 +196,19 @@ class Profile:
         return cls(**dict(data))
 
 
+# Not numbers here, though numpy registers them as such: a bool, and a duration or a date
+# (np.timedelta64 is a numpy integer; a time is meant in ms, not in the duration's unit).
+_NOT_NUMBERS = (bool, np.bool_, np.timedelta64, np.datetime64)
+
+
 def _is_number(x: Any) -> bool:
-    # numbers.Real: numpy's scalars too (a measured np.float32 or np.int64 is a number here);
-    # a bool is not, whichever library made it.
-    return (
-        isinstance(x, numbers.Real)
-        and not isinstance(x, (bool, np.bool_))
-        and not math.isnan(float(x))
-    )
+    # numbers.Real: numpy's scalars too (a measured np.float32 or np.int64 is a number here).
+    if not isinstance(x, numbers.Real) or isinstance(x, _NOT_NUMBERS):
+        return False
+    try:
+        return not math.isnan(float(x))
+    except OverflowError:
+        return False  # past float64 (10**400, or such a Fraction): out of every range
 
 
 def _positive(name: str, x: Any) -> None:
@@ -225,7 +230,7 @@ def _probability(name: str, x: Any) -> None:
 
 
 def _integer(name: str, x: Any, minimum: int) -> None:
-    if isinstance(x, (bool, np.bool_)) or not isinstance(x, numbers.Integral) or x < minimum:
+    if isinstance(x, _NOT_NUMBERS) or not isinstance(x, numbers.Integral) or x < minimum:
         raise ProfileError(f"{name}: {x!r}, expected an integer >= {minimum}")
 
 

@@ -137,9 +137,10 @@ impl AcceptanceStats {
     /// An accumulator holding the counts another one reads back (`shape`, `trials` and `hits`
     /// row-major, `steps`, `accepted`): a worker's statistics shipped to another process, or
     /// kept across a restart. Counts that no sequence of verified trees produces are refused,
-    /// naming the first that is off: each in `[0, 2**63 - 1]`, hits within trials within
-    /// steps, at each depth no more hits than steps nor than the depth above, and `accepted`
-    /// the hits' total.
+    /// naming the first that is off: each in `[0, 2**63 - 1]`, hits within trials within the
+    /// trees that reached the depth (every tree at the root, as many as had a hit one level
+    /// up below it), no more hits at a depth than trees reached it, and `accepted` the hits'
+    /// total. Rank totals over depths then stay within `steps + accepted`, so they fit.
     pub fn from_counts(
         (depths, ranks): (usize, usize),
         trials: &[i64],
@@ -163,16 +164,21 @@ impl AcceptanceStats {
         };
         let steps = count("steps", steps)?;
         let accepted = count("accepted", accepted)?;
-        let (mut out, mut above, mut total) = (Self::new(), steps, 0u64);
+        // Trees whose accepted path reached each depth: every tree at the root, then as many
+        // as had a hit one level up. A node's children are tried only there.
+        let (mut out, mut reached, mut total) = (Self::new(), u128::from(steps), 0u128);
         for d in 0..depths {
-            let mut at_depth = 0u64;
+            let mut at_depth = 0u128;
             for r in 0..ranks {
                 let i = d * ranks + r;
                 let (t, h) = (trials[i], hits[i]);
-                if t < 0 || t as u64 > steps {
+                if t < 0 || t as u128 > reached {
                     return Err(Error::value(
                         "trials",
-                        format!("trials[{d}, {r}] = {t}: expected a count in [0, steps = {steps}]"),
+                        format!(
+                            "trials[{d}, {r}] = {t}: expected a count in [0, {reached}], the \
+                             trees that reached depth {d}"
+                        ),
                     ));
                 }
                 if h < 0 || h > t {
@@ -181,19 +187,19 @@ impl AcceptanceStats {
                         format!("hits[{d}, {r}] = {h}: expected a count in [0, trials = {t}]"),
                     ));
                 }
-                at_depth = at_depth.saturating_add(h as u64);
+                at_depth += h as u128;
             }
-            if at_depth > above {
+            if at_depth > reached {
                 return Err(Error::value(
                     "hits",
                     format!(
-                        "depth {d} has {at_depth} hits, more than the {above} trees that reached \
-                         it"
+                        "depth {d} has {at_depth} hits, more than the {reached} trees that \
+                         reached it"
                     ),
                 ));
             }
-            above = at_depth;
-            total = total.saturating_add(at_depth);
+            reached = at_depth;
+            total += at_depth;
             out.trials.push(
                 trials[d * ranks..(d + 1) * ranks]
                     .iter()
@@ -207,7 +213,7 @@ impl AcceptanceStats {
                     .collect(),
             );
         }
-        if total != accepted {
+        if total != u128::from(accepted) {
             return Err(Error::value(
                 "accepted",
                 format!("{accepted}, but the hits add up to {total}"),
