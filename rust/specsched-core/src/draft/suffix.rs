@@ -81,15 +81,23 @@
 //! has left cannot win; and the lengths whose match has the occurrences of one already grown
 //! (its *group*: the same count) are settled by it unwalked (see `best_proposal`). On stdlib
 //! bytes at max_depth 64: ~1.5-5 us per proposal, as for the longest match alone (a batch of
-//! 64 requests' own indexes 1.3-1.4x: more of their matches are tried). Worst cases measured,
-//! a global index holding one 10^4-byte response: a context that repeats it up to 10 bytes
-//! before its end 4.0 us at max_depth 64, 65 us at 4096 (the longest match alone: 2.4 and
-//! 18 us); a context joining two of its passages 43 us at 4096, where trying lengths down
-//! from the longest took 12.6 ms (every long suffix walks to the join and fails there).
+//! 64 requests' own indexes 1.3-1.4x: more of their matches are tried). It is still a search
+//! over every length, and some inputs leave the bounds nothing to cut: when each shorter match
+//! scores a little more (a run of one token: every length is its own group, and more
+//! occurrences make a surer chain), or the budget far exceeds the levels (every length's
+//! bound is its levels). Measured, budget 16: a 4000-token run of one token 25 us at
+//! max_depth 64 (57 us with the same run cached in the global index, whose walks then visit
+//! a node per token), 2.3 ms at 4096 (56 ms with the global index); a period-2 loop 14 us at
+//! 64, 1.2 ms at 4096; budget 1000 at max_depth 64 on a run-length text, 2.1 ms. The longest
+//! match alone cost 1-27 us on all of these, and drafted worse (that budget-1000 text:
+//! score 22.5 from a 1-token match, against 31.0 from 33 tokens). Other cases: a context
+//! that repeats a cached response up to 10 tokens before its end 4.0 us at max_depth 64, 65
+//! us at 4096 (longest match: 2.4 and 18 us); a context joining two cached passages 43 us
+//! at 4096, where trying lengths down from the longest took 12.6 ms.
 
 use std::cmp::Ordering;
 use std::collections::hash_map::Entry;
-use std::collections::{BinaryHeap, HashMap, VecDeque};
+use std::collections::{BTreeMap, BinaryHeap, HashMap, VecDeque};
 
 use rayon::prelude::*;
 
@@ -529,45 +537,135 @@ fn push_candidates(
     }
 }
 
-/// How [`SuffixIndex::best_proposal`] reaches the candidate matches: the locus of a length
-/// (`None`: no match there), and the shortest and longest candidate lengths with the count
-/// of a match (given its locus and length).
-struct Matches<L, F, C> {
-    locus: L,
-    floor: F,
-    ceiling: C,
+/// The candidate matches of one proposal, longest first, as
+/// [`SuffixIndex::best_proposal`] reads them. A match's *group* are the candidate lengths
+/// with its count: they have its occurrences (each of a longer one's ends a shorter one).
+trait Candidates {
+    /// How many candidate lengths there are.
+    fn count(&self) -> usize;
+    /// The `i`-th longest.
+    fn len_at(&self, i: usize) -> usize;
+    /// Its locus (`None`: no match of that length).
+    fn locus(&self, i: usize) -> Option<Locus>;
+    /// The shortest candidate length in the group of the `i`-th, whose locus is `m`.
+    fn floor(&self, i: usize, m: Locus) -> usize;
+    /// The longest candidate length in that group.
+    fn ceiling(&self, i: usize, m: Locus) -> usize;
+    /// The longest candidate length in `lo..=hi` (`lo` is one).
+    fn longest_within(&self, lo: usize, hi: usize) -> usize;
 }
 
-/// Candidate match lengths, longest first.
-#[derive(Debug, Clone, Copy)]
-enum Lengths<'a> {
-    /// These (a request's own matches).
-    Listed(&'a [usize]),
-    /// `n, n - 1, ..., 1` (every length a search may try).
-    UpTo(usize),
+/// The open sequence's own matches, read off its active suffixes, with their groups: runs of
+/// one count in this order (counts only grow as matches shorten).
+struct OwnCandidates {
+    matches: Vec<(usize, Locus)>,
+    /// Index of the first (longest) and the last (shortest) match of each match's group.
+    group_first: Vec<usize>,
+    group_last: Vec<usize>,
 }
 
-impl Lengths<'_> {
-    fn count(self) -> usize {
-        match self {
-            Lengths::Listed(l) => l.len(),
-            Lengths::UpTo(n) => n,
+impl OwnCandidates {
+    fn new(index: &SuffixIndex, matches: Vec<(usize, Locus)>) -> Self {
+        let counts: Vec<u32> = matches
+            .iter()
+            .map(|&(_, l)| index.node_count(l.node))
+            .collect();
+        let mut group_first = Vec::with_capacity(counts.len());
+        for (i, &c) in counts.iter().enumerate() {
+            let first = if i > 0 && counts[i - 1] == c {
+                group_first[i - 1]
+            } else {
+                i
+            };
+            group_first.push(first);
+        }
+        let mut group_last = vec![0; counts.len()];
+        for i in (0..counts.len()).rev() {
+            let next_same = i + 1 < counts.len() && counts[i + 1] == counts[i];
+            group_last[i] = if next_same { group_last[i + 1] } else { i };
+        }
+        OwnCandidates {
+            matches,
+            group_first,
+            group_last,
         }
     }
+}
 
-    fn at(self, i: usize) -> usize {
-        match self {
-            Lengths::Listed(l) => l[i],
-            Lengths::UpTo(n) => n - i,
-        }
+impl Candidates for OwnCandidates {
+    fn count(&self) -> usize {
+        self.matches.len()
     }
 
-    /// The longest of these lengths in `lo..=hi` (`lo` is one of them).
-    fn longest_within(self, lo: usize, hi: usize) -> usize {
-        match self {
-            Lengths::Listed(l) => l.iter().copied().find(|&n| n <= hi).unwrap_or(lo).max(lo),
-            Lengths::UpTo(n) => hi.min(n).max(lo),
-        }
+    fn len_at(&self, i: usize) -> usize {
+        self.matches[i].0
+    }
+
+    fn locus(&self, i: usize) -> Option<Locus> {
+        Some(self.matches[i].1)
+    }
+
+    fn floor(&self, i: usize, _: Locus) -> usize {
+        self.len_at(self.group_last[i])
+    }
+
+    fn ceiling(&self, i: usize, _: Locus) -> usize {
+        self.len_at(self.group_first[i])
+    }
+
+    fn longest_within(&self, lo: usize, hi: usize) -> usize {
+        let first = self.matches.partition_point(|&(n, _)| n > hi);
+        self.matches.get(first).map_or(lo, |&(n, _)| n.max(lo))
+    }
+}
+
+/// The suffixes of a context in an index that does not hold it: every length up to the
+/// longest that occurs, reached from the root.
+struct ContextCandidates<'a> {
+    index: &'a SuffixIndex,
+    context: &'a [u32],
+    /// The longest suffix length that occurs (a suffix of an occurring string occurs).
+    occurring: usize,
+}
+
+impl ContextCandidates<'_> {
+    fn same_count(&self, m: Locus, len: usize) -> bool {
+        self.index
+            .descend_occurring(self.context, len)
+            .is_some_and(|l| self.index.node_count(l.node) == self.index.node_count(m.node))
+    }
+}
+
+impl Candidates for ContextCandidates<'_> {
+    fn count(&self) -> usize {
+        self.occurring
+    }
+
+    fn len_at(&self, i: usize) -> usize {
+        self.occurring - i
+    }
+
+    fn locus(&self, i: usize) -> Option<Locus> {
+        let len = self.len_at(i);
+        self.index
+            .descend_occurring(self.context, len)
+            .filter(|&l| self.index.has_continuation(l))
+    }
+
+    // Counts fall as the length grows: a galloping search on each side, O(log) walks in the
+    // distance to the group's end.
+    fn floor(&self, i: usize, m: Locus) -> usize {
+        let len = self.len_at(i);
+        len - gallop(len - 1, |d| self.same_count(m, len - d))
+    }
+
+    fn ceiling(&self, i: usize, m: Locus) -> usize {
+        let len = self.len_at(i);
+        len + gallop(self.occurring - len, |d| self.same_count(m, len + d))
+    }
+
+    fn longest_within(&self, lo: usize, hi: usize) -> usize {
+        hi.min(self.occurring).max(lo)
     }
 }
 
@@ -1763,32 +1861,32 @@ impl SuffixIndex {
         }
     }
 
-    /// `lens` in decreasing order of [`Self::score_bound`], ties to the longer, with their
-    /// bounds. No sort: the bound is the draft limit up to the length where that passes the
-    /// levels left (and the limit never falls as the length grows), the levels past it (which
-    /// fall), so the lengths up to there go longest first and those past it shortest first,
-    /// merged.
+    /// The indices of `cands` in decreasing order of their length's [`Self::score_bound`],
+    /// ties to the longer, with the bounds. No sort: the bound is the draft limit up to the
+    /// length where that passes the levels left (and the limit never falls as the length
+    /// grows), the levels past it (which fall), so the lengths up to there go longest first
+    /// and those past it shortest first, merged.
     fn by_bound<'a>(
         &'a self,
-        lens: Lengths<'a>,
+        cands: &'a impl Candidates,
         opt: &'a ProposeOptions,
     ) -> impl Iterator<Item = (f64, usize)> + 'a {
         let levels = |len: usize| self.max_depth as usize - len;
         // The first index whose length is within the limit's reach (a binary search: the
         // lengths fall with the index and the test turns false once).
-        let (mut lo, mut hi) = (0, lens.count());
+        let (mut lo, mut hi) = (0, cands.count());
         while lo < hi {
             let mid = lo + (hi - lo) / 2;
-            let len = lens.at(mid);
+            let len = cands.len_at(mid);
             if Self::draft_limit(len, opt) > levels(len) {
                 lo = mid + 1;
             } else {
                 hi = mid;
             }
         }
-        let bounded = move |i: usize| (self.score_bound(lens.at(i), opt), lens.at(i));
+        let bounded = move |i: usize| (self.score_bound(cands.len_at(i), opt), i);
         let mut past = (0..lo).rev().map(bounded).peekable();
-        let mut up_to = (lo..lens.count()).map(bounded).peekable();
+        let mut up_to = (lo..cands.count()).map(bounded).peekable();
         std::iter::from_fn(move || match (past.peek(), up_to.peek()) {
             (Some(a), Some(b)) if a.0 < b.0 => up_to.next(),
             (Some(_), _) => past.next(),
@@ -1796,30 +1894,18 @@ impl SuffixIndex {
         })
     }
 
-    /// The proposal of the best match among `lens` (candidate lengths, longest first, each
-    /// one's locus given by `locus`, `None` when that suffix has no match): the highest score,
-    /// ties to the longer match (ArcticInference's choice over every match length). Lengths
-    /// are tried in decreasing order of [`Self::score_bound`] and stop once none left can
-    /// reach the best score; a length that could only tie is skipped when it is shorter, and
-    /// an expansion stops as soon as it cannot win. The choice is the exhaustive one, for
-    /// fewer walks and expansions.
-    fn best_proposal(
-        &self,
-        root: u32,
-        lens: Lengths<'_>,
-        matches: Matches<
-            impl Fn(usize) -> Option<Locus>,
-            impl Fn(Locus, usize) -> usize,
-            impl Fn(Locus, usize) -> usize,
-        >,
-        opt: &ProposeOptions,
-    ) -> Proposal {
+    /// The proposal of the best of `cands`: the highest score, ties to the longer match
+    /// (ArcticInference's choice over every match length). Lengths are tried in decreasing
+    /// order of [`Self::score_bound`] and stop at the first that cannot win; an expansion
+    /// stops as soon as it cannot win; and a grown match settles the lengths of its group it
+    /// can speak for (below), which are then skipped unwalked. The choice is the exhaustive
+    /// one, for fewer walks and expansions.
+    fn best_proposal(&self, root: u32, cands: &impl Candidates, opt: &ProposeOptions) -> Proposal {
         // Room for the drafts of the longest match (up to a point: a large budget is a bound,
         // not what the index holds), so the growth does not reallocate as it goes.
-        let room = if lens.count() == 0 {
-            0
-        } else {
-            Self::draft_limit(lens.at(0), opt).min(256)
+        let room = match cands.count() {
+            0 => 0,
+            _ => Self::draft_limit(cands.len_at(0), opt).min(256),
         };
         let (mut best, mut grown) = (
             Proposal::with_room(root, room),
@@ -1827,48 +1913,41 @@ impl SuffixIndex {
         );
         let mut to_beat: Option<ToBeat> = None;
         let mut scratch = Expansion::default();
-        // Lengths `lo..=hi` settled by a match grown among them. A match's *group* are the
-        // candidate lengths with its count: they have its occurrences (each of the longer's
-        // ends a shorter one), hence its counts below them, down to the depth bound. When the
-        // growth did not reach that bound, a shorter member's expansion is the same one taken
-        // no further (its limit is no larger) or given up at the same point: it scores no
-        // more and loses the tie. When the growth also ran out of candidates, a longer member
-        // takes the same drafts while its levels hold them (its limit is no smaller), and
-        // fewer, scoring less, past that: the longest such member is the group's choice, with
-        // the same drafts. Either way the settled lengths are skipped unwalked.
-        // (shortest, match, longest) of each group settled so far; the shortest member is
-        // found when a shorter length first needs it (usually none does).
-        let mut settled: Vec<(Option<usize>, Locus, usize)> = Vec::new();
-        for (bound, len) in self.by_bound(lens, opt) {
+        // A match grown without reaching the depth bound speaks for its group's lengths
+        // `floor..=hi`, by `hi`: a shorter member's counts are its own down to that bound, so
+        // that member's expansion is the same one taken no further (its limit is no larger)
+        // or given up at the same point: it scores no more and loses the tie (`hi` = the
+        // match). When the growth also ran out of candidates, a longer member takes the same
+        // drafts while its levels hold them (its limit is no smaller), and fewer past that,
+        // scoring less: the longest such member is the group's choice (`hi` = the group's
+        // longest). Groups are disjoint runs of lengths, so the entry with the least `hi` at
+        // or above a length is the only one that can hold it. Each floor is found when a
+        // shorter length first asks (usually none does).
+        let mut settled: BTreeMap<usize, (Option<usize>, usize, Locus)> = BTreeMap::new();
+        for (bound, i) in self.by_bound(cands, opt) {
+            let len = cands.len_at(i);
             // In this order a length that cannot win is followed only by lengths that cannot
             // either: a lower bound, or the same bound and a shorter match.
             if to_beat.is_some_and(|b| b.out_of_reach(bound, len)) {
                 break;
             }
-            let is_settled = settled.iter_mut().any(|(floor, m, hi)| {
-                len <= *hi
-                    && (len >= m.depth as usize
-                        || len
-                            >= *floor.get_or_insert_with(|| (matches.floor)(*m, m.depth as usize)))
-            });
-            if is_settled {
-                continue;
+            if let Some((_, (floor, at, m))) = settled.range_mut(len..).next() {
+                if len >= *floor.get_or_insert_with(|| cands.floor(*at, *m)) {
+                    continue;
+                }
             }
-            let Some(m) = (matches.locus)(len) else {
-                continue;
-            };
+            let Some(m) = cands.locus(i) else { continue };
             let grew = self.expand(root, (m, len), opt, to_beat, &mut scratch, &mut grown);
             let mut chosen = len;
             if !grew.depth_cut {
-                let mut longest = len;
+                let mut hi = len;
                 if grew.exhausted {
-                    let ceiling = (matches.ceiling)(m, len);
+                    hi = cands.ceiling(i, m);
                     let deepest_fits = self.max_depth as usize - grew.deepest;
-                    chosen = lens.longest_within(len, ceiling.min(deepest_fits));
+                    chosen = cands.longest_within(len, hi.min(deepest_fits));
                     grown.match_len = chosen;
-                    longest = ceiling;
                 }
-                settled.push((None, m, longest));
+                settled.insert(hi, (None, i, m));
             }
             if grew.finished && to_beat.is_none_or(|b| b.beaten_by(grown.score, chosen)) {
                 std::mem::swap(&mut best, &mut grown);
@@ -1951,28 +2030,14 @@ impl SuffixIndex {
     /// Proposal from this index for `context` (a non-empty token list).
     pub fn propose_for(&self, context: &[u32], opt: &ProposeOptions) -> Proposal {
         let root = *context.last().expect("non-empty context");
-        // Lengths past the longest that occurs need no walk (a suffix of an occurring string
-        // occurs), and those up to it are known to occur, so each walk skips whole chains.
-        let occurring = self.longest_occurring(context, self.max_match(context.len()));
-        let locus = |len: usize| {
-            self.descend_occurring(context, len)
-                .filter(|&l| self.has_continuation(l))
+        // Lengths past the longest that occurs need no walk, and those up to it are known to
+        // occur, so each walk takes whole chains.
+        let cands = ContextCandidates {
+            index: self,
+            context,
+            occurring: self.longest_occurring(context, self.max_match(context.len())),
         };
-        // The lengths with the count of `m` (counts fall as the length grows): a galloping
-        // search on each side, O(log) walks in the distance to the group's end.
-        let same_count = |m: Locus, n: usize| {
-            self.descend_occurring(context, n)
-                .is_some_and(|l| self.node_count(l.node) == self.node_count(m.node))
-        };
-        let floor = |m: Locus, len: usize| len - gallop(len - 1, |d| same_count(m, len - d));
-        let ceiling =
-            |m: Locus, len: usize| len + gallop(occurring - len, |d| same_count(m, len + d));
-        let matches = Matches {
-            locus,
-            floor,
-            ceiling,
-        };
-        self.best_proposal(root, Lengths::UpTo(occurring), matches, opt)
+        self.best_proposal(root, &cands, opt)
     }
 
     /// Proposal from this index for sequence `seq`'s own context.
@@ -1983,24 +2048,7 @@ impl SuffixIndex {
         }
         let root = *toks.last().expect("non-empty context");
         let matches = self.own_matches(seq, self.max_match(toks.len()));
-        let lens: Vec<usize> = matches.iter().map(|&(len, _)| len).collect();
-        let locus = |len| matches.iter().find(|m| m.0 == len).map(|m| m.1);
-        // The matches with the count of `m` (only matches are candidates).
-        let members = |m: Locus| {
-            let count = self.node_count(m.node);
-            matches
-                .iter()
-                .filter(move |&&(_, l)| self.node_count(l.node) == count)
-                .map(|&(n, _)| n)
-        };
-        let floor = |m: Locus, len: usize| members(m).min().unwrap_or(len);
-        let ceiling = |m: Locus, len: usize| members(m).max().unwrap_or(len);
-        let matches = Matches {
-            locus,
-            floor,
-            ceiling,
-        };
-        self.best_proposal(root, Lengths::Listed(&lens), matches, opt)
+        self.best_proposal(root, &OwnCandidates::new(self, matches), opt)
     }
 }
 
@@ -2451,10 +2499,29 @@ mod tests {
                 .rev()
                 .filter(|_| !rng(&mut x).is_multiple_of(3))
                 .collect();
-            for lens in [Lengths::UpTo(most), Lengths::Listed(&listed)] {
-                let got: Vec<(f64, usize)> = idx.by_bound(lens, &opt).collect();
-                let mut want: Vec<(f64, usize)> = (0..lens.count())
-                    .map(|i| (idx.score_bound(lens.at(i), &opt), lens.at(i)))
+            let all: Vec<usize> = (1..=most).rev().collect();
+            for lens in [all, listed] {
+                let cands = OwnCandidates::new(
+                    &idx,
+                    lens.iter()
+                        .map(|&n| {
+                            (
+                                n,
+                                Locus {
+                                    node: ROOT,
+                                    depth: 0,
+                                },
+                            )
+                        })
+                        .collect(),
+                );
+                let got: Vec<(f64, usize)> = idx
+                    .by_bound(&cands, &opt)
+                    .map(|(bound, i)| (bound, cands.len_at(i)))
+                    .collect();
+                let mut want: Vec<(f64, usize)> = lens
+                    .iter()
+                    .map(|&n| (idx.score_bound(n, &opt), n))
                     .collect();
                 want.sort_by(|a, b| b.0.total_cmp(&a.0).then(b.1.cmp(&a.1)));
                 assert_eq!(got, want, "depth {depth} budget {budget} factor {factor}");
