@@ -555,44 +555,21 @@ trait Candidates {
     fn longest_within(&self, lo: usize, hi: usize) -> usize;
 }
 
-/// The open sequence's own matches, read off its active suffixes, with their groups: runs of
-/// one count in this order (counts only grow as matches shorten).
-struct OwnCandidates {
+/// The open sequence's own matches, read off its active suffixes. A group is a run of one
+/// count in this order (counts only grow as matches shorten), found by scanning from a member
+/// when a settled match first needs it.
+struct OwnCandidates<'a> {
+    index: &'a SuffixIndex,
     matches: Vec<(usize, Locus)>,
-    /// Index of the first (longest) and the last (shortest) match of each match's group.
-    group_first: Vec<usize>,
-    group_last: Vec<usize>,
 }
 
-impl OwnCandidates {
-    fn new(index: &SuffixIndex, matches: Vec<(usize, Locus)>) -> Self {
-        let counts: Vec<u32> = matches
-            .iter()
-            .map(|&(_, l)| index.node_count(l.node))
-            .collect();
-        let mut group_first = Vec::with_capacity(counts.len());
-        for (i, &c) in counts.iter().enumerate() {
-            let first = if i > 0 && counts[i - 1] == c {
-                group_first[i - 1]
-            } else {
-                i
-            };
-            group_first.push(first);
-        }
-        let mut group_last = vec![0; counts.len()];
-        for i in (0..counts.len()).rev() {
-            let next_same = i + 1 < counts.len() && counts[i + 1] == counts[i];
-            group_last[i] = if next_same { group_last[i + 1] } else { i };
-        }
-        OwnCandidates {
-            matches,
-            group_first,
-            group_last,
-        }
+impl OwnCandidates<'_> {
+    fn count_at(&self, i: usize) -> u32 {
+        self.index.node_count(self.matches[i].1.node)
     }
 }
 
-impl Candidates for OwnCandidates {
+impl Candidates for OwnCandidates<'_> {
     fn count(&self) -> usize {
         self.matches.len()
     }
@@ -606,11 +583,22 @@ impl Candidates for OwnCandidates {
     }
 
     fn floor(&self, i: usize, _: Locus) -> usize {
-        self.len_at(self.group_last[i])
+        let c = self.count_at(i);
+        let last = (i..self.matches.len())
+            .take_while(|&j| self.count_at(j) == c)
+            .last()
+            .unwrap_or(i);
+        self.len_at(last)
     }
 
     fn ceiling(&self, i: usize, _: Locus) -> usize {
-        self.len_at(self.group_first[i])
+        let c = self.count_at(i);
+        let first = (0..=i)
+            .rev()
+            .take_while(|&j| self.count_at(j) == c)
+            .last()
+            .unwrap_or(i);
+        self.len_at(first)
     }
 
     fn longest_within(&self, lo: usize, hi: usize) -> usize {
@@ -2048,7 +2036,11 @@ impl SuffixIndex {
         }
         let root = *toks.last().expect("non-empty context");
         let matches = self.own_matches(seq, self.max_match(toks.len()));
-        self.best_proposal(root, &OwnCandidates::new(self, matches), opt)
+        let cands = OwnCandidates {
+            index: self,
+            matches,
+        };
+        self.best_proposal(root, &cands, opt)
     }
 }
 
@@ -2501,20 +2493,14 @@ mod tests {
                 .collect();
             let all: Vec<usize> = (1..=most).rev().collect();
             for lens in [all, listed] {
-                let cands = OwnCandidates::new(
-                    &idx,
-                    lens.iter()
-                        .map(|&n| {
-                            (
-                                n,
-                                Locus {
-                                    node: ROOT,
-                                    depth: 0,
-                                },
-                            )
-                        })
-                        .collect(),
-                );
+                let root = Locus {
+                    node: ROOT,
+                    depth: 0,
+                };
+                let cands = OwnCandidates {
+                    index: &idx,
+                    matches: lens.iter().map(|&n| (n, root)).collect(),
+                };
                 let got: Vec<(f64, usize)> = idx
                     .by_bound(&cands, &opt)
                     .map(|(bound, i)| (bound, cands.len_at(i)))
