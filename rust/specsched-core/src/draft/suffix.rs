@@ -1787,23 +1787,16 @@ impl SuffixIndex {
     }
 
     /// The longest suffix of `context`, of at most `max_len` tokens, that occurs: `max_len`
-    /// itself when it does (one walk: a context that repeats indexed text), else a binary
-    /// search, since a suffix of an occurring string occurs too (O(log max_len) walks, where
+    /// itself when it does (one walk: a context that repeats indexed text), else a galloping
+    /// search, since a suffix of an occurring string occurs too (O(log) walks, where trying
     /// each length past the longest would cost a walk of its own).
     fn longest_occurring(&self, context: &[u32], max_len: usize) -> usize {
         if self.context_locus(context, max_len).is_some() {
             return max_len;
         }
-        let (mut lo, mut hi) = (0, max_len.saturating_sub(1));
-        while lo < hi {
-            let mid = lo + (hi - lo).div_ceil(2);
-            if self.context_locus(context, mid).is_some() {
-                lo = mid;
-            } else {
-                hi = mid - 1;
-            }
-        }
-        lo
+        gallop(max_len - 1, |len| {
+            self.context_locus(context, len).is_some()
+        })
     }
 
     /// The matches of the open sequence `seq`'s own context, longest first: `(len, locus)` for
@@ -1859,19 +1852,12 @@ impl SuffixIndex {
         cands: &'a impl Candidates,
         opt: &'a ProposeOptions,
     ) -> impl Iterator<Item = (f64, usize)> + 'a {
-        let levels = |len: usize| self.max_depth as usize - len;
-        // The first index whose length is within the limit's reach (a binary search: the
-        // lengths fall with the index and the test turns false once).
-        let (mut lo, mut hi) = (0, cands.count());
-        while lo < hi {
-            let mid = lo + (hi - lo) / 2;
-            let len = cands.len_at(mid);
-            if Self::draft_limit(len, opt) > levels(len) {
-                lo = mid + 1;
-            } else {
-                hi = mid;
-            }
-        }
+        // How many of the longest lengths have a limit past their levels (the lengths fall
+        // with the index, so the test turns false once).
+        let lo = gallop(cands.count(), |k| {
+            let len = cands.len_at(k - 1);
+            Self::draft_limit(len, opt) > self.max_depth as usize - len
+        });
         let bounded = move |i: usize| (self.score_bound(cands.len_at(i), opt), i);
         let mut past = (0..lo).rev().map(bounded).peekable();
         let mut up_to = (lo..cands.count()).map(bounded).peekable();
