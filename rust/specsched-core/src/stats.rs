@@ -7,6 +7,8 @@
 //! without bias, per depth or pooled over depths; Wilson intervals give its uncertainty.
 //! Cost: O(path length · children) per verified tree.
 
+use ndarray::ArrayView2;
+
 use crate::error::{Error, Result};
 use crate::tree::{TreeBatch, TreeRef};
 use crate::verify::BatchVerified;
@@ -134,31 +136,30 @@ impl AcceptanceStats {
         }
     }
 
-    /// An accumulator holding the counts another one reads back (`shape`, `trials` and `hits`
-    /// row-major, `steps`, `accepted`): a worker's statistics shipped to another process, or
+    /// An accumulator holding the counts another one reads back (`trials` and `hits`
+    /// `[depths, ranks]`, `steps`, `accepted`): a worker's statistics shipped to another process, or
     /// kept across a restart. Counts that no sequence of verified trees produces are refused,
     /// naming the first that is off: each in `[0, 2**63 - 1]`, hits within trials within the
     /// trees that reached the depth (every tree at the root, as many as had a hit one level
     /// up below it), no more hits at a depth than trees reached it, and `accepted` the hits'
     /// total. Rank totals over depths then stay within `steps + accepted`, so they fit.
     pub fn from_counts(
-        (depths, ranks): (usize, usize),
-        trials: &[i64],
-        hits: &[i64],
+        trials: ArrayView2<'_, i64>,
+        hits: ArrayView2<'_, i64>,
         steps: i64,
         accepted: i64,
     ) -> Result<Self> {
-        let cells = depths.checked_mul(ranks).filter(|&c| c == trials.len());
-        if cells.is_none() || hits.len() != trials.len() {
+        if hits.dim() != trials.dim() {
             return Err(Error::value(
-                "trials",
+                "hits",
                 format!(
-                    "trials and hits must hold {depths} x {ranks} counts, got {} and {}",
-                    trials.len(),
-                    hits.len()
+                    "expected shape {:?} (as trials), got {:?}",
+                    trials.shape(),
+                    hits.shape()
                 ),
             ));
         }
+        let (depths, ranks) = trials.dim();
         let count = |name: &'static str, x: i64| {
             u64::try_from(x).map_err(|_| Error::value(name, format!("{x}: expected >= 0")))
         };
@@ -170,8 +171,7 @@ impl AcceptanceStats {
         for d in 0..depths {
             let mut at_depth = 0u128;
             for r in 0..ranks {
-                let i = d * ranks + r;
-                let (t, h) = (trials[i], hits[i]);
+                let (t, h) = (trials[(d, r)], hits[(d, r)]);
                 if t < 0 || t as u128 > reached {
                     return Err(Error::value(
                         "trials",
@@ -200,18 +200,10 @@ impl AcceptanceStats {
             }
             reached = at_depth;
             total += at_depth;
-            out.trials.push(
-                trials[d * ranks..(d + 1) * ranks]
-                    .iter()
-                    .map(|&x| x as u64)
-                    .collect(),
-            );
-            out.hits.push(
-                hits[d * ranks..(d + 1) * ranks]
-                    .iter()
-                    .map(|&x| x as u64)
-                    .collect(),
-            );
+            out.trials
+                .push(trials.row(d).iter().map(|&x| x as u64).collect());
+            out.hits
+                .push(hits.row(d).iter().map(|&x| x as u64).collect());
         }
         if total != u128::from(accepted) {
             return Err(Error::value(

@@ -30,6 +30,12 @@ fn count_table<'py>(
     owned(py, counts.into_iter().map(|x| x as i64).collect(), &[d, r])
 }
 
+/// A count table `i64_array` checked to be 2-D, as its 2-D view.
+fn two_d(a: ndarray::ArrayViewD<'_, i64>) -> PyResult<ndarray::ArrayView2<'_, i64>> {
+    a.into_dimensionality()
+        .map_err(|e| PyValueError::new_err(e.to_string()))
+}
+
 #[pymethods]
 impl PyAcceptanceStats {
     #[new]
@@ -197,20 +203,8 @@ impl PyAcceptanceStats {
         let hits = i64_array(&parts.get_item(1)?, "hits", 2)?;
         let steps = int_arg(&parts.get_item(2)?, "steps")?;
         let accepted = int_arg(&parts.get_item(3)?, "accepted")?;
-        let (trials, hits) = (trials.view(), hits.view());
-        if hits.shape() != trials.shape() {
-            return Err(PyValueError::new_err(format!(
-                "hits: expected shape {:?} (as trials), got {:?}",
-                trials.shape(),
-                hits.shape()
-            )));
-        }
-        let shape = (trials.shape()[0], trials.shape()[1]);
-        let (trials, hits): (Vec<i64>, Vec<i64>) = (
-            trials.iter().copied().collect(),
-            hits.iter().copied().collect(),
-        );
-        self.inner = AcceptanceStats::from_counts(shape, &trials, &hits, steps, accepted).py()?;
+        let (trials, hits) = (two_d(trials.view())?, two_d(hits.view())?);
+        self.inner = AcceptanceStats::from_counts(trials, hits, steps, accepted).py()?;
         Ok(())
     }
 

@@ -512,6 +512,12 @@ fn gallop(most: usize, holds: impl Fn(usize) -> bool) -> usize {
     good
 }
 
+/// Children `(count, token, locus)` in the order a proposal discovers them: count descending,
+/// token ascending.
+fn discovery_order(kids: &mut [(u32, u32, Locus)]) {
+    kids.sort_unstable_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
+}
+
 /// Pushes the children `kids` of draft node `parent` whose path probability (count over
 /// `c0`) is at least `min_prob` (only the first in chain mode).
 fn push_candidates(
@@ -1706,7 +1712,7 @@ impl SuffixIndex {
     /// descending, token ascending) order.
     fn children(&self, l: Locus, min_count: u32, out: &mut Vec<(u32, u32, Locus)>) {
         self.children_unsorted(l, min_count, out);
-        out.sort_unstable_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
+        discovery_order(out);
     }
 
     /// [`Self::children`] in sibling order.
@@ -1964,7 +1970,7 @@ impl SuffixIndex {
                 return Grew::default();
             }
         }
-        kids.sort_unstable_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
+        discovery_order(kids);
         if limit > 0 {
             push_candidates(heap, kids, 0, c0, opt, order);
         }
