@@ -54,7 +54,8 @@ class TorchPaths:
     def __init__(self, batch: Batch) -> None:
         paths = torch.from_numpy(batch.tree_batch().paths().astype(np.int64))  # [B, L, D+1]
         self.paths = paths
-        starts = torch.from_numpy(batch.offsets[:-1])[:, None, None]
+        # A copy: the batch's offsets may be a read-only view (torch warns on those).
+        starts = torch.tensor(batch.offsets[:-1])[:, None, None]
         self.flat = paths.clamp(min=0) + starts  # flat node index, padding -> the tree's root
         self.real_child = paths[..., 1:] >= 0  # [B, L, D]: path position j+1 holds a node
         self.width = paths.shape[-1]

@@ -391,7 +391,7 @@ def test_model_free_drafter_arguments_are_checked_by_name() -> None:
     for kw, exc, match in [
         ({"budget": 2.5}, TypeError, "budget: expected an int, got float"),
         ({"budget": True}, TypeError, "budget: expected an int, got bool"),
-        ({"budget": 0}, ValueError, "budget: expected >= 1, got 0"),
+        ({"budget": 0}, ValueError, "budget: must be >= 1, got 0"),
         ({"min_prob": 0}, ValueError, r"min_prob: expected a value in \(0, 1\]"),
         ({"min_prob": "x"}, TypeError, "min_prob: expected a number, got str"),
         ({"max_spec_factor": -1}, ValueError, "max_spec_factor: expected a finite value >= 0"),
@@ -567,10 +567,10 @@ def test_head_drafter_arguments_are_checked_by_name(shipped: tuple[Any, Any]) ->
     target, head = shipped
     for make, exc, match in [
         (lambda: EagleDrafter(target, head, topk=300), ValueError, "topk: 300 candidates"),
-        (lambda: EagleDrafter(target, head, topk=0), ValueError, "topk: expected >= 1"),
-        (lambda: EagleDrafter(target, head, depth=0), ValueError, "depth: expected >= 1"),
-        (lambda: EagleDrafter(target, head, budget=0), ValueError, "budget: expected >= 1"),
-        (lambda: EagleDrafter(target, head, headroom=-5), ValueError, "headroom: expected >= 0"),
+        (lambda: EagleDrafter(target, head, topk=0), ValueError, "topk: must be >= 1"),
+        (lambda: EagleDrafter(target, head, depth=0), ValueError, "depth: must be >= 1"),
+        (lambda: EagleDrafter(target, head, budget=0), ValueError, "budget: must be >= 1"),
+        (lambda: EagleDrafter(target, head, headroom=-5), ValueError, "headroom: must be >= 0"),
         (lambda: EagleDrafter(target, head, temperature=float("inf")), ValueError, "temperature"),
         (lambda: EagleDrafter(target, head, temperature="1"), TypeError, "temperature: expected"),
         (lambda: EagleDrafter(target, head, temperature=True), TypeError, "got bool"),
@@ -579,7 +579,7 @@ def test_head_drafter_arguments_are_checked_by_name(shipped: tuple[Any, Any]) ->
             ValueError,
             "budget: 1000 nodes need 999 candidates but topk=2, depth=2 draft only 6",
         ),
-        (lambda: TinyTarget(target, headroom=-5), ValueError, "headroom: expected >= 0"),
+        (lambda: TinyTarget(target, headroom=-5), ValueError, "headroom: must be >= 0"),
         (lambda: TinyTarget(target, headroom=2.5), TypeError, "headroom: expected an int"),
         (lambda: EagleChainDrafter(target, head, depth=2.5), TypeError, "depth: expected an int"),
         (lambda: EagleStaticDrafter(target, head, [(300,)]), ValueError, "choices: rank 300"),

@@ -265,7 +265,7 @@ def test_bad_types() -> None:
     ]:
         with pytest.raises(TypeError, match=match):
             call()
-    with pytest.raises(ValueError, match="prefix_len: -1, expected >= 0"):
+    with pytest.raises(ValueError, match="prefix_len: must be >= 0, got -1"):
         sim.measure_host_overhead(4, 1, prefix_len=-1)
     with pytest.raises(ValueError, match="t_target_ms: an int of 1329 bits, past float64"):
         CostModel(t_target_ms=10**400)

@@ -15,8 +15,9 @@ from typing import Any
 
 import numpy as np
 
+from specsched._args import float_arg, int_arg
 from specsched._core import NgramDrafter, SuffixDrafter, TreeBatch
-from specsched.generate import TargetStep, _float_scalar, _int_scalar
+from specsched.generate import TargetStep
 
 # Request ids for every SuffixTreeDrafter in the process: drafters sharing one `index` must not
 # reuse each other's ids (a live id is refused, and finishing a cached id again replaces its
@@ -53,13 +54,13 @@ class SuffixTreeDrafter:
     ) -> None:
         # Checked here, not at the first `propose` after the target's prefill (where the
         # errors would name `budgets`, the index's argument).
-        budget = _int_scalar(budget, "budget", 1)
+        budget = int_arg(budget, "budget", 1)
         if budget > np.iinfo(np.int64).max:
             raise ValueError(f"budget: {budget} does not fit in int64")
-        min_prob = _float_scalar(min_prob, "min_prob")
+        min_prob = float_arg(min_prob, "min_prob")
         if not 0 < min_prob <= 1:
             raise ValueError(f"min_prob: expected a value in (0, 1], got {min_prob}")
-        max_spec_factor = _float_scalar(max_spec_factor, "max_spec_factor")
+        max_spec_factor = float_arg(max_spec_factor, "max_spec_factor")
         if not (math.isfinite(max_spec_factor) and max_spec_factor >= 0):
             raise ValueError(
                 f"max_spec_factor: expected a finite value >= 0, got {max_spec_factor}"

@@ -28,8 +28,9 @@ from typing import Any, NamedTuple, Protocol
 import numpy as np
 
 from specsched import _torch
+from specsched._args import int_arg
 from specsched._core import BatchVerifyResult, TreeBatch
-from specsched._verify import _representable, verify
+from specsched._verify import verify
 
 
 @dataclass
@@ -242,24 +243,6 @@ def _step_seed(seed: int | None, step: int) -> int | None:
     return int(np.random.SeedSequence([seed, step]).generate_state(1, np.uint64)[0])
 
 
-def _int_scalar(value: Any, arg: str, low: int | None = None) -> int:
-    """A Python or numpy int (not a bool) `>= low`, named when it is not one."""
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{arg}: expected an int, got {type(value).__name__}")
-    if low is not None and value < low:
-        raise ValueError(f"{arg}: expected >= {low}, got {value}")
-    return int(value)
-
-
-def _float_scalar(value: Any, arg: str) -> float:
-    """A Python or numpy real number (not a bool) as a float, named when it is not one."""
-    if isinstance(value, (bool, np.bool_)) or not isinstance(
-        value, (int, float, np.integer, np.floating)
-    ):
-        raise TypeError(f"{arg}: expected a number, got {type(value).__name__}")
-    return float(_representable(value, integer=False))  # an int past float64: +-inf
-
-
 def _check_eos(eos_token_id: Any, vocab_size: int | None) -> frozenset[int]:
     """The ids a request stops on: one int, or a sequence of them (HF's `eos_token_id` is a
     list for models with several end tokens)."""
@@ -269,7 +252,7 @@ def _check_eos(eos_token_id: Any, vocab_size: int | None) -> frozenset[int]:
     out = set()
     for j, x in enumerate(ids):
         arg = "eos_token_id" if ids is not eos_token_id else f"eos_token_id[{j}]"
-        tok = _int_scalar(x, arg)
+        tok = int_arg(x, arg)
         if tok < 0 or (vocab_size is not None and tok >= vocab_size):
             span = "[0, ∞)" if vocab_size is None else f"the target's vocabulary [0, {vocab_size})"
             raise ValueError(f"{arg}: {tok} is outside {span}: no token would match it")
@@ -288,7 +271,7 @@ def _check_sampling(temperature: Any, top_k: Any, top_p: Any, seed: Any, n: int)
         kind = type(temperature).__name__
         raise TypeError(f"temperature: expected a float (one for every request), got {kind}")
     if seed is not None:
-        s = _int_scalar(seed, "seed")
+        s = int_arg(seed, "seed")
         if not 0 <= s < 1 << 64:
             raise ValueError(f"seed: expected an int in [0, 2**64), got {s}")
     if top_k is not None or top_p is not None or temperature != 0:
@@ -358,12 +341,8 @@ def generate(
     `generate` keeps finished rows): the target's batch never changes shape; a target with
     `retire(rows)` is told, and stops advancing those rows.
     """
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, (int, np.integer)):
-        raise TypeError(f"max_new_tokens: expected an int, got {type(max_new_tokens).__name__}")
-    if max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens: expected >= 1, got {max_new_tokens}")
     # A Python int: a numpy uint64 made the lengths left float64 (uint64 - int64).
-    max_new_tokens = int(max_new_tokens)
+    max_new_tokens = int_arg(max_new_tokens, "max_new_tokens", 1)
     vocab_size = getattr(target, "vocab_size", None)
     prompts = _check_prompts(input_ids, vocab_size)
     eos_ids = _check_eos(eos_token_id, vocab_size)

@@ -13,7 +13,6 @@ these raise ValueError / IndexError naming the request and node.
 from __future__ import annotations
 
 import math
-import operator
 import sys
 from collections.abc import Sequence
 from enum import IntEnum
@@ -22,6 +21,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from specsched import _core
+from specsched._args import int_arg
 
 __all__ = [
     "TreeMaskMode",
@@ -66,22 +66,9 @@ def _host(x: Any, arg: str) -> np.ndarray:
     return np.asarray(x)
 
 
-def _int(value: Any, arg: str, low: int) -> int:
-    """An int scalar argument (not a bool, float or string) >= `low`, named when it is not."""
-    if isinstance(value, bool):
-        raise TypeError(f"{arg}: expected an int, got bool")
-    try:
-        n = operator.index(value)
-    except TypeError:
-        raise TypeError(f"{arg}: expected an int, got {type(value).__name__}") from None
-    if n < low:
-        raise ValueError(f"{arg}: must be >= {low}, got {n}")
-    return n
-
-
 def _count(value: Any, arg: str) -> int:
     """A count argument (`topk`, `spec_steps`, `num_draft_token`, ...) as an int >= 1."""
-    return _int(value, arg, 1)
+    return int_arg(value, arg, 1)
 
 
 def _flat_rows(a: np.ndarray, bs: int) -> np.ndarray:
@@ -233,7 +220,7 @@ def build_tree_kernel_efficient(
     `[bs, N]`; draft_tokens `[bs*N]` = verified_id then the selected tokens, per request.
     """
     torch_in = _is_torch(seq_lens)
-    mode = _int(tree_mask_mode, "tree_mask_mode", 0)
+    mode = int_arg(tree_mask_mode, "tree_mask_mode", 0)
     if mode not in (0, 1, 2):
         raise ValueError(
             f"tree_mask_mode: expected 0 (FULL_MASK), 1 (QLEN_ONLY) or 2 "
@@ -246,7 +233,7 @@ def build_tree_kernel_efficient(
         raise ValueError(f"seq_lens: expected a 1-D array [bs], got shape {seq.shape}")
     vid = _host(verified_id, "verified_id")
     drafts = _host(draft_tokens, "draft_tokens")
-    bs, total_seq = seq.shape[0], _int(seq_lens_sum, "seq_lens_sum", 0)
+    bs, total_seq = seq.shape[0], int_arg(seq_lens_sum, "seq_lens_sum", 0)
     if vid.shape != (bs,) or drafts.shape != (bs, n - 1):
         raise ValueError(
             f"verified_id / draft_tokens: expected shapes ({bs},) and ({bs}, {n - 1}), "

@@ -32,6 +32,7 @@ from typing import Any, Literal, cast
 import numpy as np
 
 from specsched import _core
+from specsched._args import int_arg
 from specsched._core import AcceptanceStats, Tree, TreeBatch
 
 __all__ = [
@@ -177,23 +178,15 @@ def as_model(model: ModelLike) -> Acceptance:
     raise TypeError(f"model: expected an Acceptance or an alpha, got {type(model).__name__}")
 
 
-def _count(name: str, x: int, minimum: int) -> int:
-    if isinstance(x, bool) or not isinstance(x, (int, np.integer)):
-        raise TypeError(f"{name}: expected an int, got {type(x).__name__}")
-    if x < minimum:
-        raise ValueError(f"{name}: {x}, expected >= {minimum}")
-    return int(x)
-
-
 def expected_tokens_chain(alpha: float, gamma: int) -> float:
     """Expected tokens per target call of a chain of `gamma` drafts at per-token acceptance
     `alpha`, bonus included: `(1 - alpha**(gamma + 1)) / (1 - alpha)` (`gamma + 1` at 1)."""
-    return float(_core.sim_chain_expected_tokens(_prob("alpha", alpha), _count("gamma", gamma, 0)))
+    return float(_core.sim_chain_expected_tokens(_prob("alpha", alpha), int_arg(gamma, "gamma", 0)))
 
 
 def chain_tree(gamma: int) -> Tree:
     """A chain of `gamma` drafts (`gamma + 1` nodes); tokens are irrelevant to the model."""
-    return Tree.chain(np.zeros(_count("gamma", gamma, 0) + 1, dtype=np.int64))
+    return Tree.chain(np.zeros(int_arg(gamma, "gamma", 0) + 1, dtype=np.int64))
 
 
 def _tree(tree_or_chain: Tree | int) -> Tree:
@@ -228,9 +221,9 @@ def best_tree(
     DP over the model's rows (a later rank worth more than an earlier one can only be reached
     with its siblings, which best-first does not weigh); the DP's size limits apply."""
     m = as_model(model)
-    budget = _count("budget", budget, 1)
-    depth = budget - 1 if max_depth is None else _count("max_depth", max_depth, 0)
-    k = budget if topk is None else _count("topk", topk, 1)
+    budget = int_arg(budget, "budget", 1)
+    depth = budget - 1 if max_depth is None else int_arg(max_depth, "max_depth", 0)
+    k = budget if topk is None else int_arg(topk, "topk", 1)
     return _core.sim_best_tree(m.kind, m.core_values(), budget, depth, k)
 
 
@@ -305,12 +298,12 @@ def simulate(
     Only the tree's shape matters, not its tokens."""
     m = as_model(model)
     tree = _tree(tree_or_chain)
-    steps = _count("steps", steps, 1)
-    seed = _count("seed", seed, 0)
+    steps = int_arg(steps, "steps", 1)
+    seed = int_arg(seed, "seed", 0)
     if seed >= 1 << 64:
         raise ValueError(f"seed: {seed} does not fit 64 bits")
     if threads is not None:
-        threads = _count("threads", threads, 1)
+        threads = int_arg(threads, "threads", 1)
     n, hist = _core.sim_simulate(tree, m.kind, m.core_values(), steps, seed, threads)
     return SimResult(steps=int(n), histogram=hist, seed=seed)
 
@@ -362,7 +355,7 @@ class CostModel:
                 f"knee_tokens: {self.knee_tokens!r}, too small for t_target_ms "
                 f"{self.t_target_ms!r} (the cost per token past the knee overflows)"
             )
-        _count("concurrency", self.concurrency, 1)
+        int_arg(self.concurrency, "concurrency", 1)
 
     def t_target(self, n: int) -> float:
         """Target forward over `n` tokens per request, for the whole batch."""
@@ -383,8 +376,8 @@ def speedup(expected_tokens: float, budget: int, draft_steps: int, cost: CostMod
     `expected_tokens * t_target(1) / (t_target(budget) + draft_steps * t_draft + t_host)`."""
     if not (expected_tokens >= 1.0):
         raise ValueError(f"expected_tokens: {expected_tokens}, expected >= 1 (the bonus token)")
-    budget = _count("budget", budget, 1)
-    draft_steps = _count("draft_steps", draft_steps, 0)
+    budget = int_arg(budget, "budget", 1)
+    draft_steps = int_arg(draft_steps, "draft_steps", 0)
     return expected_tokens * cost.t_target(1) / cost.step_ms(budget, draft_steps)
 
 
@@ -410,8 +403,8 @@ def measure_host_overhead(
     largest size under that (at least one request) and scaled to `batch_size`, rather than
     allocating gigabytes for one estimate (a `decide` profile may claim 10**6 requests)."""
     tree = _tree(tree)
-    requested = _count("batch_size", batch_size, 1)
-    prefix_len = _count("prefix_len", prefix_len, 0)
+    requested = int_arg(batch_size, "batch_size", 1)
+    prefix_len = int_arg(prefix_len, "prefix_len", 0)
     _prob("accept", accept)
     rng = np.random.default_rng(seed)
     n = tree.num_nodes

@@ -27,8 +27,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from specsched._args import float_arg, int_arg
 from specsched._core import DynamicTreeBuilder, Tree, TreeBatch
-from specsched.generate import TargetStep, _float_scalar, _int_scalar
+from specsched.generate import TargetStep
 from specsched.models.tiny import EagleHead, TinyLM, cache_mask, grow_seq
 
 
@@ -39,10 +40,10 @@ class _HeadState:
         self, target: TinyLM, head: EagleHead, headroom: int, temperature: float = 1.0
     ) -> None:
         # Finite: at inf every candidate scores the same (uniform drafts, nothing ranked).
-        temperature = _float_scalar(temperature, "temperature")
+        temperature = float_arg(temperature, "temperature")
         if not 0 < temperature < float("inf"):
             raise ValueError(f"temperature: expected a finite value > 0, got {temperature}")
-        headroom = _int_scalar(headroom, "headroom", 0)
+        headroom = int_arg(headroom, "headroom", 0)
         self.target, self.head, self.headroom = target, head, headroom
         self.temperature = temperature
         param = next(head.parameters())
@@ -209,9 +210,9 @@ class EagleDrafter(_HeadDrafter):
         headroom: int = 512,
     ) -> None:
         self.topk, self.depth, self.budget = (
-            _int_scalar(topk, "topk", 1),
-            _int_scalar(depth, "depth", 1),
-            _int_scalar(budget, "budget", 1),
+            int_arg(topk, "topk", 1),
+            int_arg(depth, "depth", 1),
+            int_arg(budget, "budget", 1),
         )
         if topk > target.cfg.vocab_size:
             raise ValueError(
@@ -326,7 +327,7 @@ class EagleChainDrafter(_HeadDrafter):
     def __init__(
         self, target: TinyLM, head: EagleHead, *, depth: int = 6, headroom: int = 512
     ) -> None:
-        depth = _int_scalar(depth, "depth", 1)
+        depth = int_arg(depth, "depth", 1)
         self.depth = depth
         self.state = _HeadState(target, head, headroom)
         self.parents = np.arange(-1, depth, dtype=np.int32)  # node i's parent is i - 1

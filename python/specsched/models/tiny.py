@@ -34,9 +34,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from specsched._args import int_arg
 from specsched._kv import compact_kv
 from specsched._torch import host_view, raw_cpu_view, synchronizer
-from specsched.generate import RetiredRows, _int_scalar
+from specsched.generate import RetiredRows
 
 WEIGHTS_DIR = Path(__file__).parent / "tiny_stdlib"
 
@@ -319,7 +320,7 @@ class TinyTarget:
 
     def __init__(self, model: TinyLM, *, headroom: int = 256) -> None:
         self.model = model
-        self.headroom = _int_scalar(headroom, "headroom", 0)
+        self.headroom = int_arg(headroom, "headroom", 0)
         param = next(model.parameters())
         self.device, self.dtype = param.device, param.dtype
         self.cache = torch.empty(0)

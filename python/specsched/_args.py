@@ -1,0 +1,35 @@
+"""Scalar argument checks shared by the Python layer, worded as the binding words its own
+(`"{arg}: must be >= {low}, got {n}"`), so an argument reads the same wherever it is refused."""
+
+from __future__ import annotations
+
+import operator
+from typing import Any
+
+import numpy as np
+
+from specsched._verify import _representable
+
+
+def int_arg(value: Any, arg: str, low: int | None = None) -> int:
+    """`value` as a Python int `>= low`: anything with `__index__` (a numpy int, a 0-d int
+    array or tensor) but a bool, which is a flag, not a count. Named when it is not one."""
+    if isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{arg}: expected an int, got {type(value).__name__}")
+    try:
+        n = operator.index(value)
+    except TypeError:
+        raise TypeError(f"{arg}: expected an int, got {type(value).__name__}") from None
+    if low is not None and n < low:
+        raise ValueError(f"{arg}: must be >= {low}, got {n}")
+    return n
+
+
+def float_arg(value: Any, arg: str) -> float:
+    """A Python or numpy real number (not a bool) as a float, named when it is not one; an int
+    past float64 becomes +-inf (out of every finite range, checked by the caller)."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(
+        value, (int, float, np.integer, np.floating)
+    ):
+        raise TypeError(f"{arg}: expected a number, got {type(value).__name__}")
+    return float(_representable(value, integer=False))
