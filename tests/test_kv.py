@@ -716,6 +716,13 @@ def test_compact_kv_refuses_overlapping_views():
     seq0 = np.lib.stride_tricks.as_strided(base, shape=(8, 8), strides=(0, 8), writeable=True)
     unchanged_after(ValueError, "overlap", seq0, r, 0, 0)
     assert base.tolist() == list(range(8)) and base2.tolist() == list(range(12))
+    # In a list (a model's layers), the overlapping entry is named, the others untouched.
+    layers = [np.arange(32.0).reshape(8, 4), np.zeros((8, 4)), zero]
+    with pytest.raises(ValueError, match=r"^cache\[2\]: has overlapping memory"):
+        ss.compact_kv(layers, r, 0, 0)
+    assert layers[0].ravel().tolist() == list(range(32)) and base.tolist() == list(range(8))
+    with pytest.raises(ValueError, match=r"^cache: has overlapping memory"):
+        ss.compact_kv(zero, r, 0, 0)
 
 
 def test_compact_kv_refuses_object_arrays():

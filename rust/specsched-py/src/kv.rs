@@ -221,6 +221,13 @@ pub fn compact_kv(
     let shape = parts[0].shape.clone();
     let (seq, batch) = axes(&result, shape.len(), seq_dim, batch_dim)?;
     let args = PlanArgs::extract(&result, prefix_lens, active)?;
+    let listed = !cache.is_instance_of::<PyUntypedArray>();
+    check_self_overlap(
+        parts
+            .iter()
+            .map(|p| (&p.shape[..], &p.strides[..], p.itemsize)),
+        listed,
+    )?;
     // SAFETY: each description comes from a live, writeable numpy array that this call holds a
     // reference to for its whole duration; numpy guarantees every in-shape index addresses its
     // allocation, and `new_disjoint` refuses buffers that may share memory. `_borrows` holds
@@ -229,7 +236,6 @@ pub fn compact_kv(
     // the dtypes rust-numpy has types for; like any in-place numpy operation, plain numpy
     // code in another thread must not use the buffers meanwhile).
     let mut bufs = unsafe { StridedMut::new_disjoint(parts) }.py()?;
-    let listed = !cache.is_instance_of::<PyUntypedArray>();
     let _borrows = arrays
         .iter()
         .enumerate()
@@ -375,15 +381,7 @@ pub fn check_cache_buffers(
     }
     // Before any move: the device path writes each buffer in turn, so a broadcast one found
     // by the device would come after the others were compacted.
-    for (i, (_, shape, strides, itemsize)) in buffers.iter().enumerate() {
-        if kv::is_self_overlapping(shape, strides, *itemsize) {
-            let arg = cache_arg(listed.then_some(i));
-            return Err(PyValueError::new_err(format!(
-                "{arg}: {}",
-                kv::SELF_OVERLAP
-            )));
-        }
-    }
+    check_self_overlap(buffers.iter().map(|b| (&b.1[..], &b.2[..], b.3)), listed)?;
     // Descriptions only: nothing is read or written through these pointers.
     let parts: Vec<RawParts> = buffers
         .into_iter()
@@ -395,6 +393,25 @@ pub fn check_cache_buffers(
         })
         .collect();
     kv::check_disjoint(&parts).py()
+}
+
+/// Refuses a buffer in which two indices share memory (a broadcast or self-overlapping view),
+/// named `cache[i]` when the cache is a list: the core's handles refuse one too, but can only
+/// name `cache`.
+fn check_self_overlap<'a>(
+    buffers: impl Iterator<Item = (&'a [usize], &'a [isize], usize)>,
+    listed: bool,
+) -> PyResult<()> {
+    for (i, (shape, strides, itemsize)) in buffers.enumerate() {
+        if kv::is_self_overlapping(shape, strides, itemsize) {
+            let arg = cache_arg(listed.then_some(i));
+            return Err(PyValueError::new_err(format!(
+                "{arg}: {}",
+                kv::SELF_OVERLAP
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// The moves of `compact_kv` for a cache of `cache_shape` held elsewhere (a CUDA tensor),
