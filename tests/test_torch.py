@@ -309,6 +309,51 @@ def test_bad_torch_logits():
         ss.verify(t, torch.zeros(5, 10), reduce="cuda")
 
 
+@pytest.mark.filterwarnings("ignore:Sparse CSR tensor support is in beta")
+def test_logits_without_strided_values_are_named_on_every_path() -> None:
+    t = ss.Tree(P5, T5)
+    dense = torch.randn(5, 10)
+    layouts = [dense.to_sparse(), dense.bfloat16().to_sparse(), dense.to_sparse_csr()]
+    for logits in layouts:
+        for reduce in REDUCES:
+            for options in ({}, {"temperature": 0.7, "seed": 1}):
+                with pytest.raises(TypeError, match=r"^logits: expected a dense \(strided\)"):
+                    ss.verify(t, logits, reduce=reduce, **options)
+
+
+def test_float8_logits_are_widened_on_the_device_and_named_on_the_host() -> None:
+    t = ss.Tree(P5, T5)
+    logits = torch.randn(5, 10)
+    logits[1, 3] = float("nan")  # a row the walk may reach: NaN survives the widening
+    f8 = logits.to(torch.float8_e4m3fn)
+    for options in ({}, {"temperature": 0.7, "seed": 1}):
+        want = ss.verify(t, f8.float(), reduce="device", **options)
+        got = ss.verify(t, f8, reduce="device", **options)
+        assert got.tokens.tolist() == want.tokens.tolist()
+        with pytest.raises(TypeError, match=r"^logits: dtype torch.float8_e4m3fn has no host"):
+            ss.verify(t, f8, reduce="host", **options)
+
+
+def test_per_request_arguments_are_counted_before_they_are_copied() -> None:
+    batch = ss.TreeBatch([ss.Tree(P5, T5)] * 2)
+    logits = np.zeros((10, 10), np.float32)
+    claimed = 2**40  # a broadcast view: no memory behind it, nothing to copy
+    for name, value in (
+        ("temperature", np.broadcast_to(1.0, (claimed,))),
+        ("top_k", np.broadcast_to(np.int64(3), (claimed,))),
+        ("top_p", torch.ones(1).expand(claimed)),
+    ):
+        with pytest.raises(ValueError, match=f"^{name}: has {claimed} entries"):
+            ss.verify(batch, logits, **{"temperature": 1.0, name: value})
+    seeds = np.broadcast_to(np.uint64(1), (claimed,))
+    for options in ({}, {"temperature": 1.0}):
+        with pytest.raises(ValueError, match=f"^seed: has {claimed} per-request seeds"):
+            ss.verify(batch, logits, seed=seeds, **options)
+    # A wrong tree is named as such, not as the seeds' count mismatch against it.
+    with pytest.raises(TypeError, match=r"^tree: expected a Tree or a TreeBatch, got tuple"):
+        ss.verify((P5, T5), logits[:5], seed=[1, 2])
+
+
 # --------------------------------------------------------------------------- zero copy
 
 

@@ -42,6 +42,7 @@ def cpu_view(t: torch.Tensor, arg: str = "logits") -> tuple[np.ndarray, str | No
     """
     import torch
 
+    check_dense(t, arg)
     t = t.detach()
     if t.dtype == torch.bfloat16:
         return t.resolve_neg().view(torch.int16).numpy(), "bfloat16"
@@ -49,8 +50,11 @@ def cpu_view(t: torch.Tensor, arg: str = "logits") -> tuple[np.ndarray, str | No
         raise TypeError(f"{arg}: expected a floating-point tensor, got {t.dtype}")
     try:
         return t.numpy(), None
-    except TypeError as e:  # float8 and other formats numpy cannot hold
-        raise TypeError(f"{arg}: unsupported dtype {t.dtype} ({e})") from None
+    except TypeError:  # float8 and other formats numpy cannot hold
+        raise TypeError(
+            f"{arg}: dtype {t.dtype} has no host kernel (float16/32/64 and bfloat16 do): "
+            f"pass {arg}.float()"
+        ) from None
     except RuntimeError:
         # A lazy negation (`x.conj().imag`): its values are the negated storage, so they are
         # materialised (a copy; only then, the common case costs nothing).
@@ -105,21 +109,28 @@ def raw_cpu_view(t: torch.Tensor, arg: str = "cache") -> np.ndarray:
 def check_movable(t: torch.Tensor, arg: str) -> None:
     """Refuses a cache tensor whose values have no strided storage to move in place (on any
     device): a lazily negated view, a sparse or a nested tensor, each named by `arg`."""
-    import torch
-
-    if t.is_nested:  # its layout reads "strided", but its components have shapes of their own
-        raise TypeError(f"{arg}: a nested tensor has no single shape to compact; pass its parts")
+    check_dense(t, arg)
     if t.is_neg():
         raise TypeError(
             f"{arg}: a lazily negated view (negative bit set) has no storage of its values to "
             "compact in place; pass the tensor it views"
         )
+
+
+def check_dense(t: torch.Tensor, arg: str) -> None:
+    """Refuses a tensor without one strided array of values (sparse, mkldnn, nested), named
+    by `arg`: torch's own errors on those name an operator, not the argument."""
+    import torch
+
+    if t.is_nested:  # its layout reads "strided", but its components have shapes of their own
+        raise TypeError(f"{arg}: a nested tensor has no single shape; pass its parts")
     if t.layout != torch.strided:
         raise TypeError(f"{arg}: expected a dense (strided) tensor, got layout {t.layout}")
 
 
 def check_logits(logits: torch.Tensor, num_nodes: int) -> None:
     """The checks Rust applies to host logits, for logits that never reach Rust."""
+    check_dense(logits, "logits")
     if logits.ndim != 2:
         raise ValueError(
             f"logits: expected a 2-D array, got {logits.ndim}-D with shape {tuple(logits.shape)}"
@@ -146,6 +157,10 @@ def device_argmax(logits: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
     """
     import torch
 
+    if logits.element_size() == 1:
+        # float8: torch has no max for it; float32 holds every value (NaN too), so the choice
+        # is the same, and the sampled device path computes in float32 as well.
+        logits = logits.float()
     with torch.no_grad():
         values, choice = torch.max(logits, dim=-1)
         out = torch.where(torch.isnan(values), -1, choice).cpu().numpy()

@@ -93,12 +93,7 @@ def verify(
         or posterior_alpha is not _POSTERIOR_ALPHA
     ):
         # Not used by a greedy walk, but a wrong value is still the caller's mistake to hear.
-        seeds = _check_options(seed, draft_sampling, posterior_threshold, posterior_alpha)
-        num_trees = getattr(tree, "num_trees", 1)
-        if isinstance(seeds, np.ndarray) and len(seeds) != num_trees:
-            raise ValueError(
-                f"seed: has {len(seeds)} per-request seeds, expected one per request ({num_trees})"
-            )
+        _check_options(seed, draft_sampling, posterior_threshold, posterior_alpha, _requests(tree))
     if target_tokens is not None:
         if sampling:
             raise TypeError(
@@ -178,6 +173,13 @@ def _check_tree(tree: Any) -> None:
         raise TypeError(f"tree: expected a Tree or a TreeBatch, got {type(tree).__name__}")
 
 
+def _requests(tree: Any) -> int:
+    """The requests `tree` verifies (checked to be a Tree or a TreeBatch first, so that a
+    wrong tree is named as such, not as a per-request argument of the wrong length)."""
+    _check_tree(tree)
+    return tree.num_trees if isinstance(tree, TreeBatch) else 1
+
+
 def _representable(x: Any, integer: bool) -> Any:
     """A Python int `x` clamped to what an int64 (`integer`) or a float64 holds."""
     if not isinstance(x, int) or isinstance(x, bool):
@@ -190,8 +192,9 @@ def _representable(x: Any, integer: bool) -> Any:
         return math.inf if x > 0 else -math.inf
 
 
-def _param(value: Any, name: str, default: float | int, integer: bool) -> np.ndarray:
-    """A per-request parameter as a 1-D array (a scalar becomes one entry)."""
+def _param(value: Any, name: str, default: float | int, integer: bool, requests: int) -> np.ndarray:
+    """A per-request parameter as a 1-D array (a scalar becomes one entry) of 1 or `requests`
+    entries, counted before anything is copied (a broadcast view may claim 2**40)."""
     if value is None:
         value = default
     if _torch.is_tensor(value):
@@ -216,6 +219,10 @@ def _param(value: Any, name: str, default: float | int, integer: bool) -> np.nda
         raise TypeError(f"{name}: expected {kind}, got dtype {arr.dtype}")
     if arr.ndim > 1:
         raise ValueError(f"{name}: expected a scalar or a 1-D array, got shape {arr.shape}")
+    if arr.ndim == 1 and len(arr) not in (1, requests):
+        raise ValueError(
+            f"{name}: has {len(arr)} entries; expected 1 or one per request ({requests})"
+        )
     if integer and arr.dtype.kind == "u":
         # Past int64 it would wrap negative; any k that large keeps every token.
         arr = np.minimum(arr, _INT64.max)
@@ -223,7 +230,7 @@ def _param(value: Any, name: str, default: float | int, integer: bool) -> np.nda
 
 
 def _check_options(
-    seed: Any, draft_sampling: Any, posterior_threshold: Any, posterior_alpha: Any
+    seed: Any, draft_sampling: Any, posterior_threshold: Any, posterior_alpha: Any, requests: int
 ) -> int | np.ndarray:
     """The options every call validates, sampled or not (a `seed` passed without a
     temperature is still checked, not ignored): returns the seed to use."""
@@ -240,12 +247,13 @@ def _check_options(
             raise TypeError(f"{name}: expected a float, got {type(x).__name__}")
         if not (math.isfinite(x) and x >= 0):
             raise ValueError(f"{name}: expected a finite value >= 0, got {x}")
-    return _seed(seed)
+    return _seed(seed, requests)
 
 
-def _seed(seed: Any) -> int | np.ndarray:
+def _seed(seed: Any, requests: int) -> int | np.ndarray:
     """An int in [0, 2**64) for the batch (None draws one), or one per request: a uint64
-    array from any integer array-like (a list, numpy, a torch tensor) of such values."""
+    array from any integer array-like (a list, numpy, a torch tensor) of `requests` such
+    values, counted before they are read (a broadcast view may claim 2**40)."""
     if seed is None:
         return secrets.randbits(64)
     if isinstance(seed, bool):
@@ -262,7 +270,7 @@ def _seed(seed: Any) -> int | np.ndarray:
         array = np.asarray(_torch.host_array(seed, "seed"))
         if array.ndim == 0:
             if array.dtype.kind in "iu":
-                return _seed(int(array))  # a 0-d integer array or tensor: one seed
+                return _seed(int(array), requests)  # a 0-d integer array or tensor: one seed
             # numpy wraps any object (a torch.Generator, None-like values) as 0-d.
             raise TypeError(
                 f"seed: expected an int or a 1-D integer sequence, got {type(seed).__name__}"
@@ -271,7 +279,10 @@ def _seed(seed: Any) -> int | np.ndarray:
             raise ValueError(f"seed: per-request seeds must be a 1-D sequence, got {array.ndim}-D")
         if array.dtype.kind not in "iu":
             raise TypeError(f"seed: expected integers (one per request), got {array.dtype}")
+        _check_seed_count(len(array), requests)
         items = array.tolist()
+    else:
+        _check_seed_count(len(items), requests)
     values = []
     for b, x in enumerate(items):
         if isinstance(x, (bool, np.bool_)) or not isinstance(x, (int, np.integer)):
@@ -281,6 +292,13 @@ def _seed(seed: Any) -> int | np.ndarray:
         if not 0 <= x < _U64:
             raise ValueError(f"seed[{b}]: expected an int in [0, 2**64), got {x}")
     return np.array(values, dtype=np.uint64)
+
+
+def _check_seed_count(count: int, requests: int) -> None:
+    if count != requests:
+        raise ValueError(
+            f"seed: has {count} per-request seeds, expected one per request ({requests})"
+        )
 
 
 def _verify_sampled(
@@ -297,10 +315,11 @@ def _verify_sampled(
     posterior_threshold: Any,
     posterior_alpha: Any,
 ) -> VerifyResult | BatchVerifyResult:
-    temps = _param(temperature, "temperature", 0.0, integer=False)
-    ks = _param(top_k, "top_k", 0, integer=True)
-    ps = _param(top_p, "top_p", 1.0, integer=False)
-    seed = _check_options(seed, draft_sampling, posterior_threshold, posterior_alpha)
+    requests = _requests(tree)
+    temps = _param(temperature, "temperature", 0.0, integer=False, requests=requests)
+    ks = _param(top_k, "top_k", 0, integer=True, requests=requests)
+    ps = _param(top_p, "top_p", 1.0, integer=False, requests=requests)
+    seed = _check_options(seed, draft_sampling, posterior_threshold, posterior_alpha, requests)
     if rule not in (None, "typical"):
         raise ValueError(f"rule: expected None or 'typical', got {rule!r}")
     if rule == "typical" and draft_probs is not None:
