@@ -536,6 +536,89 @@ def test_result_arrays_are_read_only():
     assert isinstance(ss.verify(b, target_tokens=[0] * 10)[0].num_accepted, int)
 
 
+def same_batch_result(a: ss.BatchVerifyResult, b: ss.BatchVerifyResult) -> None:
+    for name in ("num_accepted", "accepted_nodes", "tokens", "offsets"):
+        x, y = getattr(a, name), getattr(b, name)
+        assert x.dtype == y.dtype and x.shape == y.shape and np.array_equal(x, y), name
+
+
+@given(batches(max_trees=5, max_nodes=12), st.data())
+@settings(max_examples=150, deadline=None)
+def test_results_pickle_by_value(batch, data):
+    import pickle
+
+    parents, tokens, offsets = batch
+    b = ss.TreeBatch.from_flat(parents, tokens, offsets)
+    choice = data.draw(
+        st.lists(st.integers(-1, VOCAB), min_size=len(parents), max_size=len(parents))
+    )
+    rb = ss.verify(b, target_tokens=choice)
+    keep = [data.draw(st.integers(1, k + 1)) for k in rb.num_accepted.tolist()]
+    for result in (rb, rb.truncate(keep)):
+        back = pickle.loads(pickle.dumps(result))
+        same_batch_result(back, result)
+        assert back.to_sglang()[1].tolist() == result.to_sglang()[1].tolist()
+        # The restored result plans the same KV moves (checked against its offsets).
+        for got, want in zip(
+            ss.kv_compaction_plan(back, 3), ss.kv_compaction_plan(result, 3), strict=True
+        ):
+            assert got.tolist() == want.tolist()
+        for i in range(len(result)):
+            one = pickle.loads(pickle.dumps(result[i]))
+            assert one.accepted_nodes.tolist() == result[i].accepted_nodes.tolist()
+            assert one.tokens.tolist() == result[i].tokens.tolist()
+            assert one.num_nodes == result[i].num_nodes
+            assert not one.tokens.flags.writeable
+
+
+def test_restored_results_are_checked() -> None:
+    from specsched import BatchVerifyResult, VerifyResult
+
+    one = VerifyResult._from_parts  # what unpickling calls
+    assert one(np.array([0, 2], np.int32), [5, 6], 4).tokens.tolist() == [5, 6]
+    for parts, arg in (
+        (([1], [5], 4), "accepted_nodes: a path starts at the root"),
+        (([0, 2, 2], [5, 6, 7], 4), "accepted_nodes: entry 2 is 2"),
+        (([0, 4], [5, 6], 4), "accepted_nodes: entry 1 is 4"),
+        (([0, -1], [5, 6], 4), "accepted_nodes: entry 1 is -1"),
+        (([0, 1], [5], 4), "tokens: expected 2 entries"),
+        (([0], [5], 0), "num_nodes: a verified tree has at least its root"),
+        (([], [], 3), "accepted_nodes: a path starts at the root"),
+    ):
+        with pytest.raises(ValueError, match=arg):
+            one(*(np.array(x, dtype=np.int64) if isinstance(x, list) else x for x in parts))
+    with pytest.raises(TypeError, match="accepted_nodes: expected an integer array"):
+        one(np.array([0.0]), np.array([5]), 1)
+
+    batch = BatchVerifyResult._from_parts
+    k, nodes, toks, offs = [1, 0], [[0, 2], [0, -1]], [[5, 6], [7, -1]], [0, 3, 4]
+    good = batch(*(np.array(x) for x in (k, nodes, toks, offs)))
+    assert good.tokens.tolist() == toks and good.offsets.tolist() == offs
+    for change, arg in (
+        ({"k": [2, 0]}, r"num_accepted: num_accepted\[0\] = 2, expected 0..2"),
+        ({"k": [1, -1]}, r"num_accepted: num_accepted\[1\] = -1"),
+        ({"nodes": [[0, 3], [0, -1]]}, "accepted_nodes: row 0: entry 1 is 3"),
+        ({"nodes": [[0, 2], [0, 0]]}, r"accepted_nodes: row 1: entries past the path \(1\)"),
+        ({"toks": [[5, 6], [7, 8]]}, r"tokens: row 1: entries past the path \(1\)"),
+        ({"toks": [[5, 6]]}, r"tokens: expected shape \(2, 2\)"),
+        ({"nodes": [[0, 2]]}, r"accepted_nodes: expected shape \(2, width >= 1\)"),
+        ({"offs": [0, 3]}, "offsets: expected 3 entries starting at 0"),
+        ({"offs": [1, 3, 4]}, "offsets: expected 3 entries starting at 0"),
+        (
+            {"offs": [0, 3, 3]},
+            "offsets: offsets\\[1..=2\\] = 3, 3: each tree has at least its root",
+        ),
+        ({"offs": [0, 3, 2]}, "offsets: offsets\\[1..=2\\] = 3, 2"),
+    ):
+        parts = {"k": k, "nodes": nodes, "toks": toks, "offs": offs, **change}
+        with pytest.raises(ValueError, match=arg):
+            batch(*(np.array(parts[x]) for x in ("k", "nodes", "toks", "offs")))
+    empty = batch(
+        np.zeros(0, np.int64), np.zeros((0, 1), np.int64), np.zeros((0, 1), np.int64), [0]
+    )
+    assert len(empty) == 0
+
+
 # ---------------------------------------------------------------------------- bad input
 
 

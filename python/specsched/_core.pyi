@@ -231,6 +231,8 @@ class VerifyResult:
     @property
     def num_nodes(self) -> int:
         """Node count of the verified tree."""
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        """Pickles as its parts (accepted_nodes, tokens, num_nodes), checked when restored."""
 
 @final
 class BatchVerifyResult:
@@ -257,6 +259,9 @@ class BatchVerifyResult:
         self,
     ) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.int32], npt.NDArray[np.int32]]:
         """SGLang `verify_tree_greedy` outputs: (predicts, accept_index, accept_length)."""
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        """Pickles as its parts (num_accepted, accepted_nodes, tokens, offsets), checked when
+        restored."""
 
 def verify_target_tokens(
     tree: Tree | TreeBatch,

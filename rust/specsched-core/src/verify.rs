@@ -15,6 +15,7 @@
 //! Draws are keyed by (seed, request, node, draw), so results do not depend on scheduling;
 //! with per-request seeds ([`Seeds::PerRequest`]) not on the batch's composition either.
 
+use ndarray::{s, ArrayView1, ArrayView2};
 use rayon::prelude::*;
 
 use crate::error::{Error, Result};
@@ -70,6 +71,70 @@ impl Verified {
     pub fn num_accepted(&self) -> usize {
         self.accepted_nodes.len() - 1
     }
+
+    /// A result rebuilt from its parts (unpickling): `accepted_nodes` must be a path a walk
+    /// of a tree of `num_nodes` nodes can take (the root, then strictly increasing nodes:
+    /// parents come before their children), with one token per node.
+    pub fn from_parts(
+        accepted_nodes: ArrayView1<'_, i64>,
+        tokens: ArrayView1<'_, i64>,
+        num_nodes: i64,
+    ) -> Result<Self> {
+        let num_nodes = usize::try_from(num_nodes)
+            .ok()
+            .filter(|&n| n > 0)
+            .ok_or_else(|| {
+                Error::value(
+                    "num_nodes",
+                    format!("a verified tree has at least its root, got {num_nodes} nodes"),
+                )
+            })?;
+        let accepted_nodes = path_nodes(accepted_nodes, num_nodes, "")?;
+        if tokens.len() != accepted_nodes.len() {
+            return Err(Error::value(
+                "tokens",
+                format!(
+                    "expected {} entries (one per accepted node), got {}",
+                    accepted_nodes.len(),
+                    tokens.len()
+                ),
+            ));
+        }
+        Ok(Verified {
+            accepted_nodes,
+            tokens: tokens.to_vec(),
+            num_nodes,
+        })
+    }
+}
+
+/// `path` (`0, a1, ..., ak`) as node indices, checked to be a walk's path in a tree of
+/// `num_nodes >= 1` nodes; `row` names the batch row in errors ("" for a single result).
+fn path_nodes(path: ArrayView1<'_, i64>, num_nodes: usize, row: &str) -> Result<Vec<i32>> {
+    let arg = "accepted_nodes";
+    if path.first() != Some(&0) {
+        return Err(Error::value(
+            arg,
+            format!("{row}a path starts at the root (node 0), got {path}"),
+        ));
+    }
+    let mut nodes = Vec::with_capacity(path.len());
+    let mut prev = -1i64;
+    for (j, &node) in path.iter().enumerate() {
+        // Node indices are below `num_nodes <= MAX_NODES`, so they fit in i32.
+        if node <= prev || node >= num_nodes as i64 {
+            return Err(Error::value(
+                arg,
+                format!(
+                    "{row}entry {j} is {node}: a path's nodes increase (parents come before \
+                     their children) and stay below the tree's {num_nodes} nodes"
+                ),
+            ));
+        }
+        prev = node;
+        nodes.push(node as i32);
+    }
+    Ok(nodes)
 }
 
 /// Verifies one tree with a per-node choice.
@@ -116,6 +181,87 @@ impl BatchVerified {
             tokens: self.tokens[row..row + k + 1].to_vec(),
             num_nodes: self.offsets[b + 1] - self.offsets[b],
         }
+    }
+
+    /// A batch result rebuilt from its parts (unpickling): row `b` of `accepted_nodes` and
+    /// `tokens` (`[B, width]`) holds a path of `num_accepted[b] + 1` entries of tree `b`
+    /// (`offsets[b]..offsets[b + 1]`, as [`Verified::from_parts`] checks one), then -1s.
+    pub fn from_parts(
+        num_accepted: ArrayView1<'_, i64>,
+        accepted_nodes: ArrayView2<'_, i64>,
+        tokens: ArrayView2<'_, i64>,
+        offsets: ArrayView1<'_, i64>,
+    ) -> Result<Self> {
+        let b = num_accepted.len();
+        let (rows, width) = accepted_nodes.dim();
+        if rows != b || width == 0 {
+            return Err(Error::value(
+                "accepted_nodes",
+                format!("expected shape ({b}, width >= 1), got ({rows}, {width})"),
+            ));
+        }
+        if tokens.dim() != (b, width) {
+            return Err(Error::value(
+                "tokens",
+                format!("expected shape ({b}, {width}), got {:?}", tokens.dim()),
+            ));
+        }
+        if offsets.len() != b + 1 || offsets[0] != 0 {
+            return Err(Error::value(
+                "offsets",
+                format!("expected {} entries starting at 0, got {offsets}", b + 1),
+            ));
+        }
+        let mut out = BatchVerified {
+            num_accepted: Vec::with_capacity(b),
+            accepted_nodes: vec![-1; b * width],
+            tokens: vec![-1; b * width],
+            width,
+            offsets: Vec::with_capacity(b + 1),
+        };
+        out.offsets.push(0);
+        for r in 0..b {
+            let row = format!("row {r}: ");
+            let (start, end) = (offsets[r], offsets[r + 1]);
+            // `start` is 0 or the previous row's checked end, so `end - start` cannot overflow.
+            if end <= start || end - start > crate::tree::MAX_NODES as i64 {
+                return Err(Error::value(
+                    "offsets",
+                    format!(
+                        "offsets[{r}..={}] = {start}, {end}: each tree has at least its \
+                         root, and at most {} nodes",
+                        r + 1,
+                        crate::tree::MAX_NODES
+                    ),
+                ));
+            }
+            let k = num_accepted[r];
+            if !(0..width as i64).contains(&k) {
+                return Err(Error::value(
+                    "num_accepted",
+                    format!("num_accepted[{r}] = {k}, expected 0..{width} (the row's width)"),
+                ));
+            }
+            let len = k as usize + 1;
+            let (nodes, toks) = (accepted_nodes.row(r), tokens.row(r));
+            let path = path_nodes(nodes.slice(s![..len]), (end - start) as usize, &row)?;
+            for (arg, padded) in [("accepted_nodes", nodes), ("tokens", toks)] {
+                if padded.iter().skip(len).any(|&x| x != -1) {
+                    return Err(Error::value(
+                        arg,
+                        format!("{row}entries past the path ({len}) must be -1 (padding)"),
+                    ));
+                }
+            }
+            let at = r * width;
+            out.accepted_nodes[at..at + len].copy_from_slice(&path);
+            for (d, &t) in out.tokens[at..at + len].iter_mut().zip(toks) {
+                *d = t;
+            }
+            out.num_accepted.push(k as i32);
+            out.offsets.push(end as usize);
+        }
+        Ok(out)
     }
 
     /// Accepted node rows (with padding) of request `b`.
@@ -228,8 +374,8 @@ where
 /// draft: the walk stops there with it as the bonus (`sim.replay` marks the end of a known
 /// continuation with -1).
 pub fn choice_from_tokens<'a, I: IndexLike>(
-    target: ndarray::ArrayView1<'a, I>,
-    nan_rows: Option<ndarray::ArrayView1<'a, bool>>,
+    target: ArrayView1<'a, I>,
+    nan_rows: Option<ArrayView1<'a, bool>>,
     no_finite_rows: Option<ndarray::ArrayView1<'a, bool>>,
     num_nodes: usize,
 ) -> Result<impl Fn(usize) -> Result<i64> + Sync + 'a> {

@@ -9,7 +9,7 @@ use numpy::{
 };
 use pyo3::exceptions::{PyIndexError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::PyTuple;
+use pyo3::types::{PyTuple, PyType};
 
 use specsched_core::select::{LogitsView, ProbsView, SamplingParams};
 use specsched_core::verify::{self, BatchVerified, Rule, Sampled, Seeds, Verified};
@@ -17,9 +17,10 @@ use specsched_core::IndexLike;
 use specsched_core::{Tree, TreeBatch};
 
 use crate::convert::{
-    as_ndarray, bool_vec, check_ndim, int_array1, owned, readonly_view, type_name, with_int_view,
-    IntoPyResult,
+    as_ndarray, bool_vec, check_ndim, int_arg, int_array1, owned, readonly_view, type_name,
+    with_int_view, IntoPyResult,
 };
+use crate::ndconv::i64_array;
 use crate::tree::{PyTree, PyTreeBatch};
 
 /// Accepted path of one tree: `accepted_nodes` (root first) and the emitted `tokens`.
@@ -59,6 +60,37 @@ impl PyVerifyResult {
     #[getter]
     fn num_nodes(&self) -> usize {
         self.inner.num_nodes
+    }
+
+    /// Pickles as its parts, which `_from_parts` checks: a result sent to another process
+    /// (a scheduler, a logger) or stored.
+    fn __reduce__<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyTuple>> {
+        let py = slf.py();
+        let parts = (
+            Self::accepted_nodes(slf),
+            Self::tokens(slf),
+            slf.get().inner.num_nodes,
+        )
+            .into_pyobject(py)?;
+        let from_parts = slf.get_type().getattr("_from_parts")?;
+        PyTuple::new(py, [from_parts, parts.into_any()])
+    }
+
+    /// The result of these parts (unpickling): a path a walk of a `num_nodes`-node tree can
+    /// take, one token per node; anything else is a ValueError naming the part.
+    #[classmethod]
+    fn _from_parts(
+        _cls: &Bound<'_, PyType>,
+        accepted_nodes: &Bound<'_, PyAny>,
+        tokens: &Bound<'_, PyAny>,
+        num_nodes: &Bound<'_, PyAny>,
+    ) -> PyResult<Self> {
+        let nodes = i64_array(accepted_nodes, "accepted_nodes", 1)?;
+        let toks = i64_array(tokens, "tokens", 1)?;
+        let num_nodes = int_arg(num_nodes, "num_nodes")?;
+        let inner =
+            Verified::from_parts(dims(nodes.view())?, dims(toks.view())?, num_nodes).py()?;
+        Ok(PyVerifyResult { inner })
     }
 
     fn __repr__(&self) -> String {
@@ -167,6 +199,46 @@ impl PyBatchVerifyResult {
         )
     }
 
+    /// Pickles as its parts (`num_accepted`, `accepted_nodes`, `tokens`, `offsets`), which
+    /// `_from_parts` checks.
+    fn __reduce__<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyTuple>> {
+        let py = slf.py();
+        let parts = (
+            Self::num_accepted(slf),
+            Self::accepted_nodes(slf),
+            Self::tokens(slf),
+            slf.get().offsets(py),
+        )
+            .into_pyobject(py)?;
+        let from_parts = slf.get_type().getattr("_from_parts")?;
+        PyTuple::new(py, [from_parts, parts.into_any()])
+    }
+
+    /// The batch result of these parts (unpickling): row `b` a path of tree `b` of the
+    /// `offsets` (`num_accepted[b] + 1` nodes and tokens), then -1 padding; anything else is a
+    /// ValueError naming the part and row.
+    #[classmethod]
+    fn _from_parts(
+        _cls: &Bound<'_, PyType>,
+        num_accepted: &Bound<'_, PyAny>,
+        accepted_nodes: &Bound<'_, PyAny>,
+        tokens: &Bound<'_, PyAny>,
+        offsets: &Bound<'_, PyAny>,
+    ) -> PyResult<Self> {
+        let k = i64_array(num_accepted, "num_accepted", 1)?;
+        let nodes = i64_array(accepted_nodes, "accepted_nodes", 2)?;
+        let toks = i64_array(tokens, "tokens", 2)?;
+        let offsets = i64_array(offsets, "offsets", 1)?;
+        let inner = BatchVerified::from_parts(
+            dims(k.view())?,
+            dims(nodes.view())?,
+            dims(toks.view())?,
+            dims(offsets.view())?,
+        )
+        .py()?;
+        Ok(PyBatchVerifyResult { inner })
+    }
+
     fn __repr__(&self) -> String {
         format!(
             "BatchVerifyResult(num_trees={}, num_accepted={:?})",
@@ -174,6 +246,14 @@ impl PyBatchVerifyResult {
             self.inner.num_accepted
         )
     }
+}
+
+/// A view of the dimensionality `i64_array` already checked.
+fn dims<D: ndarray::Dimension>(
+    a: ndarray::ArrayViewD<'_, i64>,
+) -> PyResult<ndarray::ArrayView<'_, i64, D>> {
+    a.into_dimensionality()
+        .map_err(|e| PyValueError::new_err(format!("internal: {e}")))
 }
 
 /// A Tree or a TreeBatch argument.
