@@ -41,6 +41,9 @@ def test_demo_table(capsys: pytest.CaptureFixture[str]) -> None:
 def test_demo_rejects_bad_arguments(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["demo", "--budget", "1"]) == 2
     assert "--budget" in capsys.readouterr().err
+    # The limit is the flag's own (its largest tree is 3 x budget), not an internal tree's.
+    assert main(["demo", "--budget", "21846"]) == 2
+    assert "--budget: 21846, at most 21845" in capsys.readouterr().err
     # Named before any run (an overflow naming nothing; a position error thousands of
     # steps in).
     assert main(["demo", "--threads", "99999999999999999999"]) == 2

@@ -397,9 +397,49 @@ def test_model_free_drafter_arguments_are_checked_by_name() -> None:
         ({"max_spec_factor": -1}, ValueError, "max_spec_factor: expected a finite value >= 0"),
         ({"chain": 1}, TypeError, "chain: expected a bool, got int"),
         ({"budget": 2**63}, ValueError, "budget: 9223372036854775808 does not fit in int64"),
+        ({"index": "x"}, TypeError, "index: expected a specsched.SuffixDrafter or None, got str"),
     ]:
         with pytest.raises(exc, match=match):
             SuffixTreeDrafter(**kw)
+
+
+def test_drafters_off_the_protocol_are_named_before_the_prefill() -> None:
+    models = toy_models(vocab=6, seed=2, mismatch=0.3)
+
+    class CountingTarget(ToyTarget):
+        prefills = 0
+
+        def prefill(self, prompts: Any) -> Any:
+            CountingTarget.prefills += 1
+            return super().prefill(prompts)
+
+    target = CountingTarget(models.target_logits)
+    for drafter in ("suffix-tree", object()):
+        with pytest.raises(TypeError, match=r"^drafter: expected a Drafter"):
+            generate(target, drafter, [[0, 1]], 4)
+    assert CountingTarget.prefills == 0
+
+    class OneTreeDrafter(ToyDrafter):
+        def propose(self, roots: np.ndarray, active: np.ndarray) -> Any:
+            return super().propose(roots, active)[0]  # a Tree, not a TreeBatch
+
+    with pytest.raises(
+        ValueError, match=r"^drafter.propose: returned a Tree, expected a TreeBatch"
+    ):
+        generate(target, OneTreeDrafter(models.draft_logits), [[0, 1]], 4)
+
+
+def test_a_limit_past_int64_is_no_limit() -> None:
+    # Clamped: the lengths left stay int64 when a tree is cut for a finished row (row 0
+    # ends on EOS 1 at 14 tokens, row 1 at 5, while ToyDrafter keeps proposing its 5 nodes).
+    models = toy_models(vocab=6, seed=2, mismatch=0.3)
+    prompts = [[0, 1], [1, 2, 3]]
+    want = generate(ToyTarget(models.target_logits), None, prompts, 100, eos_token_id=1)
+    assert [len(t) for t in want.tokens] == [14, 5]
+    for limit in (2**63, 2**70):
+        target, drafter = ToyTarget(models.target_logits), ToyDrafter(models.draft_logits)
+        got = generate(target, drafter, prompts, limit, eos_token_id=1)
+        assert got.tokens == want.tokens
 
 
 def test_target_layout_time_is_specsched_time() -> None:

@@ -15,6 +15,8 @@ import json
 import sys
 from typing import Any
 
+from specsched._core import MAX_NODES
+
 # More torch threads than any machine here has cores is a typo, not a setting.
 MAX_THREADS = 1024
 
@@ -107,6 +109,12 @@ def demo_command(args: argparse.Namespace) -> int:
 
     if args.max_new_tokens < 1 or args.budget < 2:
         raise ValueError("--max-new-tokens must be >= 1 and --budget >= 2")
+    # The largest tree the demo builds is the dynamic one of 3 x budget nodes.
+    if args.budget > MAX_NODES // 3:
+        raise ValueError(
+            f"--budget: {args.budget}, at most {MAX_NODES // 3} (the demo's largest dynamic "
+            f"tree has 3 x budget nodes, and a tree holds at most {MAX_NODES})"
+        )
     if not 0 <= args.threads <= MAX_THREADS:
         raise ValueError(f"--threads must be in [0, {MAX_THREADS}]")
     if args.threads:

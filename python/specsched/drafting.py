@@ -67,6 +67,10 @@ class SuffixTreeDrafter:
             )
         if not isinstance(chain, (bool, np.bool_)):
             raise TypeError(f"chain: expected a bool, got {type(chain).__name__}")
+        if index is not None and not isinstance(index, SuffixDrafter):
+            raise TypeError(
+                f"index: expected a specsched.SuffixDrafter or None, got {type(index).__name__}"
+            )
         self.index = index if index is not None else SuffixDrafter(max_depth=max_depth)
         self.budget, self.min_prob, self.chain = budget, min_prob, bool(chain)
         self.factor = max_spec_factor

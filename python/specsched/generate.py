@@ -280,6 +280,22 @@ def _check_sampling(temperature: Any, top_k: Any, top_p: Any, seed: Any, n: int)
     return float(temperature)
 
 
+_INT64_MAX = (1 << 63) - 1
+
+
+def _check_drafter(drafter: Any) -> None:
+    """A drafter has the protocol's methods (None decodes autoregressively): named before the
+    target's prefill, not as an AttributeError after it."""
+    if drafter is None:
+        return
+    missing = [m for m in ("start", "propose", "commit") if not callable(getattr(drafter, m, None))]
+    if missing:
+        raise TypeError(
+            f"drafter: expected a Drafter (start, propose, commit) or None, got "
+            f"{type(drafter).__name__} without {', '.join(missing)}"
+        )
+
+
 def _check_prompts(input_ids: Sequence[Sequence[int]], vocab_size: int | None) -> list[list[int]]:
     if isinstance(input_ids, (str, bytes)) or not isinstance(input_ids, Sequence):
         raise TypeError("input_ids: expected a sequence of token sequences")
@@ -341,8 +357,10 @@ def generate(
     `generate` keeps finished rows): the target's batch never changes shape; a target with
     `retire(rows)` is told, and stops advancing those rows.
     """
-    # A Python int: a numpy uint64 made the lengths left float64 (uint64 - int64).
-    max_new_tokens = int_arg(max_new_tokens, "max_new_tokens", 1)
+    # A Python int: a numpy uint64 made the lengths left float64 (uint64 - int64). A limit
+    # past int64 is no limit a run can reach: clamped, so the lengths left stay int64.
+    max_new_tokens = min(int_arg(max_new_tokens, "max_new_tokens", 1), _INT64_MAX)
+    _check_drafter(drafter)
     vocab_size = getattr(target, "vocab_size", None)
     prompts = _check_prompts(input_ids, vocab_size)
     eos_ids = _check_eos(eos_token_id, vocab_size)
@@ -406,6 +424,9 @@ def generate(
                 t0 = clock()
                 trees = drafter.propose(roots.copy(), active.copy())
                 out.draft_s += clock() - t0
+                if not isinstance(trees, TreeBatch):
+                    kind = type(trees).__name__
+                    raise ValueError(f"drafter.propose: returned a {kind}, expected a TreeBatch")
                 if trees.num_trees != n:
                     raise ValueError(f"drafter.propose: {trees.num_trees} trees for {n} requests")
                 offsets = trees.offsets
