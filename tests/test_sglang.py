@@ -598,6 +598,18 @@ def test_verify_bad_input():
         sg.verify_tree_greedy(*good, cand, np.array([[0, 1, 40]]), nt, ns, tgt)
     with pytest.raises(ValueError, match="cycle"):
         sg.verify_tree_greedy(*good, cand, ri, nt, np.array([[-1, 2, 1]]), np.array([9, 0, 0]))
+    # A child list leading back to the path (a node its own child, a child list reaching the
+    # root) would accept nodes again, past what the tree holds.
+    wide = (np.zeros(3, np.int32), np.full((1, 6), -1, np.int32), np.zeros(1, np.int32))
+    for loop, cand_loop, again in (([[1, 1, -1]], [[0, 5, 7]], 1), ([[1, 0, -1]], [[5, 5, 7]], 0)):
+        with pytest.raises(ValueError, match=f"^retrive_next_token: request 0: node {again} is"):
+            sg.verify_tree_greedy(
+                *wide, np.array(cand_loop), ri, np.array(loop), ns, np.array([5, 5, 5])
+            )
+        with pytest.raises(ValueError, match="retrive_next_token"):
+            ref.sglang_verify_tree_greedy(
+                cand_loop, ri.tolist(), loop, ns.tolist(), [5] * 3, 6, [0] * 3
+            )
     with pytest.raises(TypeError, match="predicts: expected dtype int32"):
         sg.verify_tree_greedy(np.zeros(3, np.int64), *good[1:], cand, ri, nt, ns, tgt)
     with pytest.raises(ValueError, match="accept_index"):

@@ -1333,10 +1333,14 @@ def sglang_verify_tree_greedy(
         last = retrive_index[b][0]
         row = [last]
         cur = 0
+        path = [0]  # local nodes accepted so far
         for _ in range(1, num_speculative_tokens):
             cur = retrive_next_token[b][cur]
             while cur != -1:
                 if candidates[b][cur] == target_predict[last]:
+                    if cur in path:  # the lists lead back to the path: not a tree
+                        raise ValueError(f"retrive_next_token: request {b}: node {cur} again")
+                    path.append(cur)
                     out[last] = target_predict[last]
                     last = retrive_index[b][cur]
                     row.append(last)

@@ -65,15 +65,12 @@ impl PyVerifyResult {
     /// Pickles as its parts, which `_from_parts` checks: a result sent to another process
     /// (a scheduler, a logger) or stored.
     fn __reduce__<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyTuple>> {
-        let py = slf.py();
         let parts = (
             Self::accepted_nodes(slf),
             Self::tokens(slf),
             slf.get().inner.num_nodes,
-        )
-            .into_pyobject(py)?;
-        let from_parts = slf.get_type().getattr("_from_parts")?;
-        PyTuple::new(py, [from_parts, parts.into_any()])
+        );
+        by_parts(slf.as_any(), parts.into_pyobject(slf.py())?.into_any())
     }
 
     /// The result of these parts (unpickling): a path a walk of a `num_nodes`-node tree can
@@ -208,10 +205,8 @@ impl PyBatchVerifyResult {
             Self::accepted_nodes(slf),
             Self::tokens(slf),
             slf.get().offsets(py),
-        )
-            .into_pyobject(py)?;
-        let from_parts = slf.get_type().getattr("_from_parts")?;
-        PyTuple::new(py, [from_parts, parts.into_any()])
+        );
+        by_parts(slf.as_any(), parts.into_pyobject(py)?.into_any())
     }
 
     /// The batch result of these parts (unpickling): row `b` a path of tree `b` of the
@@ -246,6 +241,16 @@ impl PyBatchVerifyResult {
             self.inner.num_accepted
         )
     }
+}
+
+/// `__reduce__`'s answer for a result pickled as its parts: rebuilt by its class's
+/// `_from_parts`, which checks them.
+fn by_parts<'py>(
+    result: &Bound<'py, PyAny>,
+    parts: Bound<'py, PyAny>,
+) -> PyResult<Bound<'py, PyTuple>> {
+    let from_parts = result.get_type().getattr("_from_parts")?;
+    PyTuple::new(result.py(), [from_parts, parts])
 }
 
 /// A view of the dimensionality `i64_array` already checked.

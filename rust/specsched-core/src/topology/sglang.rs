@@ -1064,14 +1064,19 @@ pub fn verify_tree_greedy(
         }
         Ok(c)
     };
+    // `on_path[i] == b + 1`: node i is on request b's accepted path (no reset per request).
+    let mut on_path = vec![0usize; n];
     for b in 0..bs {
         // Entries past the path are left as they are, as the kernel leaves them (SGLang
         // allocates the buffer filled with -1).
         let row = &mut accept_index[b * width..(b + 1) * width];
         let mut last = global(b, 0)?;
         row[0] = last as i32;
+        on_path[0] = b + 1;
         let mut k = 0usize;
         let mut cur = 0i64;
+        // Local index of the last accepted node.
+        let mut at = 0usize;
         for _ in 1..width {
             cur = local(
                 &inp.retrive_next_token,
@@ -1084,6 +1089,20 @@ pub fn verify_tree_greedy(
             while cur != -1 {
                 let c = cur as usize;
                 if inp.candidates[(b, c)] == want {
+                    // A node reached again (a child list leading back to the path) would be
+                    // accepted again, past what the tree holds: the lists are no tree.
+                    if on_path[c] == b + 1 {
+                        return Err(Error::value(
+                            "retrive_next_token",
+                            format!(
+                                "request {b}: node {c} is reached again from node {} (the \
+                                 child and sibling lists do not form a tree)",
+                                at
+                            ),
+                        ));
+                    }
+                    on_path[c] = b + 1;
+                    at = c;
                     let g = global(b, c)?;
                     predicts[last] = to_i32(want, b)?;
                     k += 1;
