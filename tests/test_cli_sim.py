@@ -102,6 +102,8 @@ def test_decide_profile_file_and_classes(
         ),
         (["simulate", "--budget", "100000", "--steps", "0"], "--budget: 100000, a tree holds"),
         (["simulate", "--concurrency", "0", "--measure-host"], "--concurrency: 0"),
+        # Bounded as a decide profile's is (10**400 overflowed a forward's time: a traceback).
+        (["simulate", "--concurrency", "1000001"], "--concurrency: 1000001, expected 1 to"),
         (
             [
                 "decide",

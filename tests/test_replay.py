@@ -91,6 +91,17 @@ def test_replay_bad_input() -> None:
         sim.stdlib_workload("poems")
     with pytest.raises(ValueError, match="max_len: must be >= 2"):
         sim.stdlib_workload("continue", max_len=1)
+    with pytest.raises(
+        ValueError, match=r"^workload\[0\]: expected a \(prompt, continuation\) pair"
+    ):
+        sim.replay([[1, 2, 3]], "ngram", 4)  # type: ignore[list-item]
+    for kwargs, match in (
+        ({"requests": 1.5}, "^requests: expected an int, got float"),
+        ({"requests": "2"}, "^requests: expected an int, got str"),
+        ({"max_len": 300.5}, "^max_len: expected an int, got float"),
+    ):
+        with pytest.raises(TypeError, match=match):
+            sim.stdlib_workload("continue", **kwargs)  # type: ignore[arg-type]
     # A short max_len still leaves each `similar` request a continuation (a 200-byte prompt
     # of a 150-byte text left none, an error naming the workload instead of --max-len).
     short = sim.stdlib_workload("similar", requests=3, max_len=150)

@@ -246,6 +246,14 @@ def test_measure_host_overhead_is_positive_and_grows_with_batch() -> None:
         ),
         (lambda: CostModel(t_target_ms=10, t_host_ms=-1), "t_host_ms"),
         (lambda: sim.speedup(0.5, 4, 3, CostModel(10)), "expected_tokens"),
+        # gamma + 1 wrapped past usize (0 expected tokens); past int64 it was an OverflowError.
+        (lambda: sim.expected_tokens_chain(0.5, 2**64 - 1), "^gamma: .* does not fit in int64"),
+        (lambda: sim.expected_tokens_chain(1.0, 2**31), "^gamma: 2147483648 is too large"),
+        # Checked before the chain's tokens are allocated (2**40 asked numpy for 8 TiB).
+        (lambda: sim.chain_tree(2**40), "^gamma: 1099511627776 drafts, a tree holds at most"),
+        (lambda: sim.expected_accept_length(70_000, 0.5), "^gamma: 70000 drafts"),
+        (lambda: sim.measure_host_overhead(4, seed=-1), "^seed: must be >= 0, got -1"),
+        (lambda: CostModel(1, concurrency=10**400), "^concurrency: .* expected at most 1,000,000"),
     ],
 )
 def test_bad_input_names_the_argument(call, match) -> None:  # type: ignore[no-untyped-def]
@@ -262,6 +270,9 @@ def test_bad_types() -> None:
         (lambda: CostModel(t_target_ms=True), "t_target_ms: expected a number, got bool"),
         (lambda: sim.replay([([1, 2], [3])], budget=True), "budget: expected an int, got bool"),
         (lambda: sim.replay([([1, 2], [3])], budget=2.5), "budget: expected an int, got float"),  # type: ignore[arg-type]
+        (lambda: sim.speedup(2.0, 4, 1, None), "^cost: expected a CostModel, got NoneType"),  # type: ignore[arg-type]
+        (lambda: sim.speedup("2", 4, 1, CostModel(10)), "^expected_tokens: expected a number"),  # type: ignore[arg-type]
+        (lambda: sim.measure_host_overhead(4, seed=1.5), "^seed: expected an int, got float"),  # type: ignore[arg-type]
     ]:
         with pytest.raises(TypeError, match=match):
             call()

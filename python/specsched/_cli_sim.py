@@ -147,8 +147,10 @@ def simulate_command(args: argparse.Namespace) -> int:
         raise ValueError(f"--budget: {args.budget}, expected positive node counts")
     if max(args.budget) > MAX_NODES:
         raise ValueError(f"--budget: {max(args.budget)}, a tree holds at most {MAX_NODES} nodes")
-    if args.concurrency < 1:
-        raise ValueError(f"--concurrency: {args.concurrency}, expected >= 1")
+    if not 1 <= args.concurrency <= sim.MAX_CONCURRENCY:
+        raise ValueError(
+            f"--concurrency: {args.concurrency}, expected 1 to {sim.MAX_CONCURRENCY:,}"
+        )
     for flag, value in (("--depth", args.depth), ("--topk", args.topk)):
         if value is not None and not 1 <= value <= MAX_NODES:
             raise ValueError(f"{flag}: {value}, expected 1 to {MAX_NODES}")

@@ -24,6 +24,7 @@ from typing import Literal
 
 import numpy as np
 
+from specsched._args import int_arg
 from specsched._core import MAX_TOKEN_ID, NgramDrafter, SuffixDrafter, Tree, VerifyResult
 from specsched._verify import verify
 
@@ -85,13 +86,17 @@ class ReplayResult:
 def _check(workload: Sequence[Request], budget: int, drafter: str) -> None:
     if drafter not in DRAFTERS:
         raise ValueError(f"drafter: expected one of {', '.join(DRAFTERS)}, got {drafter!r}")
-    if isinstance(budget, (bool, np.bool_)) or not isinstance(budget, (int, np.integer)):
-        raise TypeError(f"budget: expected an int, got {type(budget).__name__}")
-    if budget < 1:
-        raise ValueError(f"budget: must be >= 1, got {budget}")
+    int_arg(budget, "budget", 1)
     if not workload:
         raise ValueError("workload: no requests")
-    for i, (prompt, cont) in enumerate(workload):
+    for i, request in enumerate(workload):
+        try:
+            prompt, cont = request
+        except (TypeError, ValueError):
+            kind = type(request).__name__
+            raise ValueError(
+                f"workload[{i}]: expected a (prompt, continuation) pair, got {kind}"
+            ) from None
         if len(prompt) == 0:
             raise ValueError(f"workload[{i}]: empty prompt (a draft's root is a context token)")
         if len(cont) == 0:
@@ -229,11 +234,10 @@ def stdlib_workload(
     """
     if kind not in WORKLOADS:
         raise ValueError(f"kind: expected one of {', '.join(WORKLOADS)}, got {kind!r}")
-    if requests < 1:
-        raise ValueError(f"requests: must be >= 1, got {requests}")
-    if max_len < 2:
+    requests = int_arg(requests, "requests", 1)
+    if int_arg(max_len, "max_len") < 2:
         raise ValueError(f"max_len: must be >= 2 (a prompt and a continuation), got {max_len}")
-    rng = random.Random(seed)
+    rng = random.Random(int_arg(seed, "seed"))
     files = [p for p in stdlib_files() if p.stat().st_size >= 400]
     if kind == "similar":
         by_pkg: dict[Path, list[Path]] = {}

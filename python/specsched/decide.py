@@ -234,8 +234,8 @@ def _integer(name: str, x: Any, minimum: int) -> None:
         raise ProfileError(f"{name}: {x!r}, expected an integer >= {minimum}")
 
 
-# Most concurrent requests a profile may give (the batch's hit count is summed exactly).
-MAX_CONCURRENCY = 1_000_000
+# Most concurrent requests a profile may give: the cost model's own limit.
+MAX_CONCURRENCY = sim.MAX_CONCURRENCY
 # Longest length a profile may give: far past any workload, and small enough that no product
 # of the model overflows a float (1e308 tokens made every speed-up nan).
 MAX_TOKENS = 1e12

@@ -32,8 +32,8 @@ from typing import Any, Literal, cast
 import numpy as np
 
 from specsched import _core
-from specsched._args import int_arg
-from specsched._core import AcceptanceStats, Tree, TreeBatch
+from specsched._args import float_arg, int_arg
+from specsched._core import MAX_NODES, AcceptanceStats, Tree, TreeBatch
 
 __all__ = [
     "Acceptance",
@@ -56,6 +56,9 @@ Kind = Literal["iid", "per_depth", "per_rank", "table"]
 
 # Longest time a cost model takes, in ms (31 years): past it sums of times overflow.
 MAX_MS = 1e12
+# Most concurrent requests a cost model (and a `decide` profile) may give: far past any
+# serving batch, and small enough that a batch's tokens stay exact in float64.
+MAX_CONCURRENCY = 1_000_000
 
 
 def _prob(name: str, x: float) -> float:
@@ -186,7 +189,11 @@ def expected_tokens_chain(alpha: float, gamma: int) -> float:
 
 def chain_tree(gamma: int) -> Tree:
     """A chain of `gamma` drafts (`gamma + 1` nodes); tokens are irrelevant to the model."""
-    return Tree.chain(np.zeros(int_arg(gamma, "gamma", 0) + 1, dtype=np.int64))
+    gamma = int_arg(gamma, "gamma", 0)
+    # Before the tokens are allocated (2**40 drafts asked numpy for 8 TiB).
+    if gamma > MAX_NODES - 1:
+        raise ValueError(f"gamma: {gamma} drafts, a tree holds at most {MAX_NODES - 1}")
+    return Tree.chain(np.zeros(gamma + 1, dtype=np.int64))
 
 
 def _tree(tree_or_chain: Tree | int) -> Tree:
@@ -355,7 +362,10 @@ class CostModel:
                 f"knee_tokens: {self.knee_tokens!r}, too small for t_target_ms "
                 f"{self.t_target_ms!r} (the cost per token past the knee overflows)"
             )
-        int_arg(self.concurrency, "concurrency", 1)
+        if int_arg(self.concurrency, "concurrency", 1) > MAX_CONCURRENCY:
+            raise ValueError(
+                f"concurrency: {self.concurrency}, expected at most {MAX_CONCURRENCY:,}"
+            )
 
     def t_target(self, n: int) -> float:
         """Target forward over `n` tokens per request, for the whole batch."""
@@ -374,8 +384,11 @@ class CostModel:
 def speedup(expected_tokens: float, budget: int, draft_steps: int, cost: CostModel) -> float:
     """Wall-clock speed-up over plain decoding:
     `expected_tokens * t_target(1) / (t_target(budget) + draft_steps * t_draft + t_host)`."""
+    expected_tokens = float_arg(expected_tokens, "expected_tokens")
     if not (expected_tokens >= 1.0):
         raise ValueError(f"expected_tokens: {expected_tokens}, expected >= 1 (the bonus token)")
+    if not isinstance(cost, CostModel):
+        raise TypeError(f"cost: expected a CostModel, got {type(cost).__name__}")
     budget = int_arg(budget, "budget", 1)
     draft_steps = int_arg(draft_steps, "draft_steps", 0)
     return expected_tokens * cost.t_target(1) / cost.step_ms(budget, draft_steps)
@@ -406,7 +419,7 @@ def measure_host_overhead(
     requested = int_arg(batch_size, "batch_size", 1)
     prefix_len = int_arg(prefix_len, "prefix_len", 0)
     _prob("accept", accept)
-    rng = np.random.default_rng(seed)
+    rng = np.random.default_rng(int_arg(seed, "seed", 0))
     n = tree.num_nodes
     b = max(1, min(requested, _MEASURE_MASK_BYTES // (n * (prefix_len + n))))
     parents = np.tile(tree.parents, b)

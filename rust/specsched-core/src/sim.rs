@@ -145,11 +145,14 @@ impl Acceptance {
 /// `alpha` (bonus included): `(1 − α^(γ+1)) / (1 − α)`, and `γ + 1` at `α = 1`.
 pub fn chain_expected_tokens(alpha: f64, gamma: usize) -> Result<f64> {
     check_prob("alpha", "alpha".into(), alpha)?;
+    // `gamma + 1` checked: it wrapped to 0 at usize::MAX, which read 0 expected tokens.
+    let g = gamma
+        .checked_add(1)
+        .and_then(|g| i32::try_from(g).ok())
+        .ok_or_else(|| Error::value("gamma", format!("{gamma} is too large")))?;
     if alpha == 1.0 {
-        return Ok((gamma + 1) as f64);
+        return Ok(f64::from(g));
     }
-    let g = i32::try_from(gamma + 1)
-        .map_err(|_| Error::value("gamma", format!("{gamma} is too large")))?;
     Ok((1.0 - alpha.powi(g)) / (1.0 - alpha))
 }
 
@@ -527,6 +530,9 @@ mod tests {
         assert!(close(chain_expected_tokens(0.0, 3).unwrap(), 1.0));
         assert!(chain_expected_tokens(1.5, 3).is_err());
         assert!(chain_expected_tokens(f64::NAN, 3).is_err());
+        // gamma + 1 past usize: an error, not a wrapped 0 tokens.
+        assert!(chain_expected_tokens(0.5, usize::MAX).is_err());
+        assert!(chain_expected_tokens(1.0, usize::MAX).is_err());
     }
 
     #[test]

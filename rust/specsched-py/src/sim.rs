@@ -47,7 +47,11 @@ fn model(kind: &str, values: Vec<Vec<f64>>) -> PyResult<Acceptance> {
 
 /// Expected tokens per target call of a chain of `gamma` drafts (bonus included).
 #[pyfunction]
-pub fn sim_chain_expected_tokens(alpha: f64, gamma: usize) -> PyResult<f64> {
+pub fn sim_chain_expected_tokens(alpha: f64, gamma: &Bound<'_, PyAny>) -> PyResult<f64> {
+    // Named past int64 (a usize argument raised an OverflowError naming nothing).
+    let gamma = crate::convert::int_arg(gamma, "gamma")?;
+    let gamma = usize::try_from(gamma)
+        .map_err(|_| PyValueError::new_err(format!("gamma: must be >= 0, got {gamma}")))?;
     sim::chain_expected_tokens(alpha, gamma).py()
 }
 
