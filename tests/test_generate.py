@@ -429,6 +429,53 @@ def test_drafters_off_the_protocol_are_named_before_the_prefill() -> None:
         generate(target, OneTreeDrafter(models.draft_logits), [[0, 1]], 4)
 
 
+class PositionedToyTarget(ToyTarget):
+    """A ToyTarget that encodes `max_positions` positions and refuses a node past them, as
+    a model's position embeddings do."""
+
+    def __init__(self, logits: np.ndarray, max_positions: int) -> None:
+        super().__init__(logits)
+        self.max_positions = max_positions
+        self.lengths = np.zeros(0, dtype=np.int64)
+        self.deepest_position = -1
+
+    def prefill(self, input_ids: Sequence[Sequence[int]]) -> TargetStep:
+        self.lengths = np.array([len(p) for p in input_ids], dtype=np.int64)
+        return super().prefill(input_ids)
+
+    def forward_tree(self, trees: ss.TreeBatch) -> TargetStep:
+        row = np.repeat(np.arange(trees.num_trees), np.diff(trees.offsets))
+        last = int((self.lengths[row] + trees.depths).max())
+        if last >= self.max_positions:
+            raise ValueError(f"positions: {last} is beyond max_positions {self.max_positions}")
+        self.deepest_position = max(self.deepest_position, last)
+        return super().forward_tree(trees)
+
+    def accept(self, result: Any) -> None:
+        super().accept(result)
+        self.lengths += result.num_accepted + 1
+
+
+def test_trees_are_cut_below_the_targets_last_position() -> None:
+    # The request ends on EOS after 5 tokens, its autoregressive decoding at position 6; the
+    # drafter's depth-2 trees reached position 7, past the model's 7 positions, and the run
+    # was refused for drafts it would never emit.
+    models = toy_models(vocab=6, seed=2, mismatch=0.3)
+    prompt = [[1, 2, 3]]
+    plain = PositionedToyTarget(models.target_logits, 7)
+    want = generate(plain, None, prompt, 100, eos_token_id=1)
+    assert [len(t) for t in want.tokens] == [5] and plain.deepest_position == 6
+    target = PositionedToyTarget(models.target_logits, 7)
+    got = generate(target, ToyDrafter(models.draft_logits), prompt, 100, eos_token_id=1)
+    assert got.tokens == want.tokens and target.deepest_position == 6
+    # One position fewer: the autoregressive run is refused by the target, and so is this one.
+    for drafter in (None, ToyDrafter(models.draft_logits)):
+        with pytest.raises(ValueError, match=r"^positions: 6 is beyond"):
+            generate(
+                PositionedToyTarget(models.target_logits, 6), drafter, prompt, 100, eos_token_id=1
+            )
+
+
 def test_a_limit_past_int64_is_no_limit() -> None:
     # Clamped: the lengths left stay int64 when a tree is cut for a finished row (row 0
     # ends on EOS 1 at 14 tokens, row 1 at 5, while ToyDrafter keeps proposing its 5 nodes).

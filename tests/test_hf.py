@@ -131,6 +131,40 @@ def test_finished_rows_stop_advancing() -> None:
     assert target.lengths.tolist()[0] == len(long)
 
 
+class TruthChain:
+    """Drafts the known continuation of one request as a chain `depth` deep (token 0 past
+    its end)."""
+
+    def __init__(self, truth: list[int], depth: int) -> None:
+        self.truth, self.depth, self.done = truth, depth, 1
+
+    def start(self, input_ids: Any, first_tokens: np.ndarray, prefill: Any) -> None:
+        self.done = 1
+
+    def propose(self, roots: np.ndarray, active: np.ndarray) -> ss.TreeBatch:
+        rest = self.truth[self.done :] + [0] * self.depth
+        return ss.TreeBatch([ss.Tree.chain([int(roots[0]), *rest[: self.depth]])])
+
+    def commit(self, trees: Any, result: Any, step: Any, kept: np.ndarray) -> None:
+        self.done += int(kept[0])
+
+
+def test_trees_stop_below_the_models_last_position() -> None:
+    # A request that ends on EOS 8 tokens into a 32-position model after a 20-token prompt:
+    # its autoregressive decoding stays below position 28, and so must its drafts (a chain
+    # 12 deep from the first root reached position 32: the run was refused).
+    torch.manual_seed(1)
+    config = transformers.GPT2Config(
+        vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, n_positions=32, initializer_range=0.5
+    )
+    model = transformers.GPT2LMHeadModel(config).double().eval()
+    prompt = [13, 11, 11, 6, 14, 2, 9, 11, 13, 8, 6, 4, 6, 7, 11, 14, 1, 14, 8, 5]
+    free = generate(HFTarget(model), None, [prompt], 8).tokens[0]
+    assert free == hf_greedy(model, prompt, 8) and free[-1] not in free[:-1]
+    got = generate(HFTarget(model), TruthChain(free, 12), [prompt], 30, eos_token_id=free[-1])
+    assert got.tokens == [free] and got.steps == 1  # one tree, cut to depth 11, holds all 8
+
+
 @pytest.mark.parametrize("batch", [1, 4])
 def test_greedy_speculative_equals_autoregressive_equals_hf(model: Any, batch: int) -> None:
     prompts = PROMPTS[:batch]
@@ -222,7 +256,19 @@ def test_bad_arguments() -> None:
         target.forward_tree(root_only(np.array([1])))
     with pytest.raises(ValueError, match="input_ids"):
         target.prefill([[1], []])
+    # Named before the embedding lookup (torch's IndexError names nothing).
+    with pytest.raises(ValueError, match=r"^input_ids\[1\]: token id 256 is outside"):
+        target.prefill([[1], [3, 256]])
     target.prefill([[1, 2], [3]])
+    for b, layer, exc, match in (
+        (0, 2, ValueError, "^layer: 2 is out of range for a cache of 2 layers"),
+        (0, -1, ValueError, "^layer: -1 is out of range"),
+        (2, 0, ValueError, "^b: 2 is out of range for a batch of 2"),
+        (True, 0, TypeError, "^b: expected an int, got bool"),
+        (0, 0.0, TypeError, "^layer: expected an int, got float"),
+    ):
+        with pytest.raises(exc, match=match):
+            target.committed_kv(b, layer)
     with pytest.raises(ValueError, match="trees: 1 trees for a batch of 2"):
         target.forward_tree(root_only(np.array([1])))
     with pytest.raises(TypeError, match="trees"):
@@ -287,3 +333,31 @@ def test_models_whose_positions_or_mask_a_tree_would_change_are_refused() -> Non
     ).eval()
     with pytest.raises(ValueError, match="model: uses ALiBi"):
         HFTarget(alibi)
+    # GPT-Neo slices its own causal buffer (a sliding window on local layers) by cache
+    # column: on the tree's padded cache its tokens came out wrong, with no error.
+    neo = transformers.GPTNeoForCausalLM(
+        transformers.GPTNeoConfig(
+            vocab_size=VOCAB,
+            hidden_size=32,
+            num_layers=2,
+            num_heads=4,
+            max_position_embeddings=64,
+            attention_types=[[["global", "local"], 1]],
+            window_size=3,
+        )
+    ).eval()
+    with pytest.raises(ValueError, match=r"model: transformer\.h\.0\.attn\.attention\.bias masks"):
+        HFTarget(neo)
+    # GPT-2 keeps its eager reorder_and_upcast_attn path (transformers 5 masks it with the
+    # given mask alone; 4.x with a causal buffer, refused there).
+    reordered = transformers.GPT2LMHeadModel(
+        transformers.GPT2Config(
+            vocab_size=VOCAB, n_embd=32, n_layer=1, n_head=4, reorder_and_upcast_attn=True
+        )
+    ).eval()
+    has_buffer = isinstance(getattr(reordered.transformer.h[0].attn, "bias", None), torch.Tensor)
+    if has_buffer:
+        with pytest.raises(ValueError, match="masks its attention with its own causal buffer"):
+            HFTarget(reordered)
+    else:
+        HFTarget(reordered)

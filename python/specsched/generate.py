@@ -81,6 +81,9 @@ class TargetModel(Protocol):
     # model's last position for a request that used every one.
     # Optional: `vocab_size` (int): prompts with a token id outside `[0, vocab_size)` are
     # refused before the prefill (an embedding lookup would fail on the device instead).
+    # Optional: `max_positions` (int or None): the positions the model encodes. Trees are cut
+    # below it, so a request near the end of the model's context is verified as deep as its
+    # autoregressive decoding could go, not refused for drafts it would never emit.
     # Optional: `layout_seconds` (float, cumulative), the time `forward_tree` spent in
     # specsched's tree layouts (`TreeBatch.padded_layout`, `pad_trees`): reported as
     # specsched's (`layout_s`), not the target's.
@@ -363,6 +366,14 @@ def generate(
     _check_drafter(drafter)
     vocab_size = getattr(target, "vocab_size", None)
     prompts = _check_prompts(input_ids, vocab_size)
+    max_positions = getattr(target, "max_positions", None)
+    # Row b's root (its last emitted token, e emitted) sits at position len(prompt) + e - 1,
+    # its depth-d node at that + d: `room[b] - e` is the deepest depth below max_positions.
+    room = (
+        None
+        if max_positions is None
+        else int(max_positions) - np.array([len(p) for p in prompts], dtype=np.int64)
+    )
     eos_ids = _check_eos(eos_token_id, vocab_size)
     temperature = _check_sampling(temperature, top_k, top_p, seed, len(prompts))
     greedy = temperature == 0.0
@@ -436,17 +447,27 @@ def generate(
                     )
                 # A request with r tokens left can use a path of at most r tokens: the drafts at
                 # depth <= r - 1 and the bonus token (deeper nodes would be verified for nothing,
-                # at positions no autoregressive run of the request reaches); a finished row, its
-                # root alone. The cut is a specsched call: only when some tree is deeper than its
-                # row can use (the shipped drafters give finished rows the root alone).
+                # at positions no autoregressive run of the request reaches); nor nodes past the
+                # target's last position; a finished row, its root alone. The cut is a specsched
+                # call: only when some tree is deeper than its row can use (the shipped drafters
+                # give finished rows the root alone).
                 shortest = min(max_new_tokens - len(out.tokens[b]) for b in rows)
+                if room is not None:
+                    shortest = min(
+                        shortest, min(int(room[b]) - len(out.tokens[b]) for b in rows) + 1
+                    )
                 if trees.max_depth >= shortest or (
                     len(rows) < n and bool((np.diff(offsets)[~active] > 1).any())
                 ):
                     # Each row's deepest usable level, as the loop's bookkeeping; the cut
-                    # itself is specsched's tree work, not the drafter's.
-                    left = max_new_tokens - np.fromiter(map(len, out.tokens), np.int64, n)
-                    deepest = np.where(active, left - 1, 0)
+                    # itself is specsched's tree work, not the drafter's. A root already past
+                    # the last position keeps depth 0: the target refuses it, as it would
+                    # refuse the autoregressive step.
+                    emitted = np.fromiter(map(len, out.tokens), np.int64, n)
+                    deepest = max_new_tokens - emitted - 1
+                    if room is not None:
+                        deepest = np.maximum(np.minimum(deepest, room - emitted), 0)
+                    deepest = np.where(active, deepest, 0)
                     t0 = clock()
                     trees = trees.limit_depth(deepest)
                     out.build_s += clock() - t0

@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from specsched._args import int_arg
 from specsched._core import BatchVerifyResult, TreeBatch
 from specsched._kv import compact_kv
 from specsched._torch import host_view, synchronizer
@@ -138,6 +139,33 @@ def _position_limit(config: Any) -> tuple[int | None, str]:
     return limit, name
 
 
+def _own_causal_mask(model: torch.nn.Module) -> str | None:
+    """The attention module that applies its own causal mask, a bool `[1, 1, P, P]` buffer
+    it slices by cache length on top of the mask it is given (GPT-Neo's `bias`, with a
+    sliding window on its local layers; ImageGPT's; GPT-2's in transformers 4.x when
+    `reorder_and_upcast_attn` takes its eager path), or None. GPT-2 4.x keeps the buffer
+    on every layer but reads it only on that path, so the buffer alone does not decide."""
+    config: Any = getattr(model, "config", None)
+    kind = getattr(config, "model_type", None)
+    reordered = (
+        kind == "gpt2"
+        and getattr(config, "reorder_and_upcast_attn", False)
+        and getattr(config, "_attn_implementation", None) in (None, "eager")
+    )
+    if kind not in ("gpt_neo", "imagegpt") and not reordered:
+        return None
+    for name, module in model.named_modules():
+        buffer = getattr(module, "bias", None)
+        if (
+            isinstance(buffer, torch.Tensor)
+            and buffer.dtype == torch.bool
+            and buffer.ndim == 4
+            and buffer.shape[:2] == (1, 1)
+        ):
+            return f"{name}.bias"
+    return None
+
+
 class HFTarget:
     """A transformers causal LM as a `specsched.generate.TargetModel` (module docstring: the
     cache layout).
@@ -188,6 +216,13 @@ class HFTarget:
                 "model: uses ALiBi, whose biases transformers builds from a 2-D padding mask; "
                 "a tree needs the 4-D mask"
             )
+        own_mask = _own_causal_mask(model)
+        if own_mask is not None:
+            raise ValueError(
+                f"model: {own_mask} masks its attention with its own causal buffer, indexed by "
+                "cache column (GPT-Neo, ImageGPT), which the tree's padded and gapped cache "
+                "columns break: the 4-D tree mask would not be the only mask applied"
+            )
         self.model = model
         self.features = features
         param = next(model.parameters())
@@ -220,9 +255,13 @@ class HFTarget:
 
     def committed_kv(self, b: int, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Row b's committed keys and values in `layer`, `[H, L_b, D]` each (valid columns)."""
+        b, layer = int_arg(b, "b"), int_arg(layer, "layer")
         if not 0 <= b < self.batch_size:
             raise ValueError(f"b: {b} is out of range for a batch of {self.batch_size}")
-        keys, values = kv_tensors(self.cache)[layer]
+        layers = kv_tensors(self.cache)
+        if not 0 <= layer < len(layers):
+            raise ValueError(f"layer: {layer} is out of range for a cache of {len(layers)} layers")
+        keys, values = layers[layer]
         cols = torch.nonzero(self.valid[b]).squeeze(1).to(keys.device)
         return keys[b][:, cols], values[b][:, cols]
 
@@ -266,6 +305,15 @@ class HFTarget:
         prompts = [[int(t) for t in p] for p in input_ids]
         if not prompts or any(len(p) == 0 for p in prompts):
             raise ValueError("input_ids: expected at least one prompt, none of them empty")
+        vocab = self.vocab_size
+        for i, prompt in enumerate(prompts):
+            bad = next((t for t in prompt if not 0 <= t < vocab), None)
+            if bad is not None:
+                # Before the embedding lookup (torch's IndexError names nothing; on a GPU
+                # it is a device-side assert).
+                raise ValueError(
+                    f"input_ids[{i}]: token id {bad} is outside the vocabulary [0, {vocab})"
+                )
         lens = np.array([len(p) for p in prompts], dtype=np.int64)
         b, width = len(prompts), int(lens.max())
         tokens = torch.zeros((b, width), dtype=torch.int64)

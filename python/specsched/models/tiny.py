@@ -334,6 +334,11 @@ class TinyTarget:
     def vocab_size(self) -> int:
         return self.model.cfg.vocab_size
 
+    @property
+    def max_positions(self) -> int:
+        """Positions the model encodes (`generate` cuts trees that would pass them)."""
+        return self.model.cfg.max_positions
+
     SEQ_DIM, BATCH_DIM = 4, 2  # of the cache [layers, 2, B, H, S, D]
 
     @torch.inference_mode()
