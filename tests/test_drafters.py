@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 import sysconfig
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -95,6 +96,10 @@ def test_ngram_bad_input() -> None:
         d.propose_batch([[1], []])
     with pytest.raises(ValueError, match="contexts"):
         d.propose_batch([])
+    # Past a batch's node limit: named as the caller's argument, not the batch's `trees`.
+    long = ss.NgramDrafter(k=70_000)
+    with pytest.raises(ValueError, match=r"^contexts: 16842752 nodes, more than the supported"):
+        long.propose_batch([np.zeros(70_000, np.int64)] * 257)
     with pytest.raises(TypeError, match="context"):
         d.propose(np.zeros(3))
     # The three entry points take the same contexts: token ids, at least one.
@@ -324,6 +329,18 @@ def test_suffix_bad_input_names_the_argument_and_keeps_state() -> None:
         (lambda: d.propose(1, 4, min_prob=1.5), ValueError, "min_prob"),
         (lambda: d.propose(1, 4, min_prob=float("nan")), ValueError, "min_prob"),
         (lambda: d.propose(1, 4, max_spec_factor=-1.0), ValueError, "max_spec_factor"),
+        # An int past float64 is a value out of range (it was "expected a number, got int").
+        (
+            lambda: d.propose(1, 4, min_prob=10**400),
+            ValueError,
+            r"^min_prob: must be in \(0, 1\], got inf",
+        ),
+        (lambda: d.propose(1, 4, min_prob=-(10**400)), ValueError, "^min_prob: .* got -inf"),
+        (
+            lambda: d.propose(1, 4, max_spec_factor=10**400),
+            ValueError,
+            "^max_spec_factor: .* got inf",
+        ),
         (lambda: d.propose_batch([1, 9], 4), ValueError, "^request_ids: unknown request id 9"),
         (lambda: d.propose_batch([], 4), ValueError, "request_ids"),
         (lambda: d.propose_batch([1, 2], 4), ValueError, "empty context"),
@@ -452,6 +469,38 @@ def test_indexing_releases_the_gil() -> None:
     assert min(gaps) < 0.5, f"the loop paused for {gaps} of the call"
     held = heartbeat_gap(lambda: sum(range(3_000_000)))
     assert held > 0.5, f"control: a GIL-holding call paused the loop for only {held:.0%}"
+
+
+@pytest.mark.parametrize(
+    "getter",
+    ["has_request", "num_requests", "cached_responses", "memory_bytes"],
+)
+def test_getters_wait_for_the_lock_with_the_gil_released(getter: str) -> None:
+    # A getter waits for the state lock while another thread indexes a long prompt: waiting
+    # with the GIL held stopped every Python thread for the whole write.
+    toks = np.random.default_rng(1).integers(0, 4, size=2_000_000)
+    call = {
+        "has_request": lambda d: d.has_request(2),
+        "num_requests": lambda d: d.num_requests,
+        "cached_responses": lambda d: d.cached_responses,
+        "memory_bytes": lambda d: d.memory_bytes,
+    }[getter]
+    gaps = []
+    for _ in range(5):  # retries: the getter must find the lock taken, and the beats running
+        d = ss.SuffixDrafter(max_depth=64)
+        writer = threading.Thread(target=d.start_request, args=(1, toks))
+        writer.start()
+        time.sleep(0.03)  # the writer takes the lock
+        t0 = time.perf_counter()
+        gap = heartbeat_gap(lambda d=d: call(d))
+        waited = time.perf_counter() - t0
+        writer.join()
+        if waited > 0.03:  # it did wait for the writer
+            gaps.append(gap)
+            if gap < 0.5:
+                break
+    assert gaps, "the getter never found the lock taken"
+    assert min(gaps) < 0.5, f"{getter}: the loop paused for {gaps} of the wait"
 
 
 def test_propose_batch_releases_the_gil() -> None:

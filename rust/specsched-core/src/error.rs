@@ -46,6 +46,17 @@ impl Error {
             Error::Value { arg, .. } | Error::Index { arg, .. } | Error::Type { arg, .. } => arg,
         }
     }
+
+    /// The error with argument `from` named `to`: for a caller whose own argument reaches
+    /// a callee under another name (the trees a drafter batches are its caller's requests).
+    pub fn renamed(self, from: &str, to: &'static str) -> Self {
+        match self {
+            Error::Value { arg, msg } if arg == from => Error::Value { arg: to, msg },
+            Error::Index { arg, msg } if arg == from => Error::Index { arg: to, msg },
+            Error::Type { arg, msg } if arg == from => Error::Type { arg: to, msg },
+            other => other,
+        }
+    }
 }
 
 pub type Result<T> = std::result::Result<T, Error>;
@@ -58,5 +69,21 @@ pub fn show_f64(x: f64) -> String {
         format!("{x:e}")
     } else {
         format!("{x}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renamed_changes_only_the_named_argument() {
+        let e = Error::index("trees", "too many").renamed("trees", "contexts");
+        assert_eq!(e, Error::index("contexts", "too many"));
+        assert_eq!(e.to_string(), "contexts: too many");
+        let other = Error::value("budget", "x").renamed("trees", "contexts");
+        assert_eq!(other, Error::value("budget", "x"));
+        let t = Error::type_("trees", "y").renamed("trees", "request_ids");
+        assert_eq!(t.arg(), "request_ids");
     }
 }

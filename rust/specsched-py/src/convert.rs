@@ -600,8 +600,23 @@ pub fn float_arg(obj: &Bound<'_, PyAny>, arg: &str) -> PyResult<f64> {
             "{arg}: expected a number, got bool"
         )));
     }
-    obj.extract::<f64>().map_err(|_| {
-        PyTypeError::new_err(format!("{arg}: expected a number, got {}", type_name(obj)))
+    obj.extract::<f64>().or_else(|e| {
+        if e.is_instance_of::<pyo3::exceptions::PyOverflowError>(obj.py())
+            && obj.is_instance_of::<pyo3::types::PyInt>()
+        {
+            // An int past float64 is past every finite range: +-inf, which the range checks
+            // then name (as the Python layer's `specsched._args.float_arg` does).
+            let negative = obj.lt(0).unwrap_or(false);
+            return Ok(if negative {
+                f64::NEG_INFINITY
+            } else {
+                f64::INFINITY
+            });
+        }
+        Err(PyTypeError::new_err(format!(
+            "{arg}: expected a number, got {}",
+            type_name(obj)
+        )))
     })
 }
 

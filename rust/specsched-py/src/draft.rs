@@ -140,6 +140,19 @@ fn options(budget: i64, min_prob: f64, factor: f64, chain: bool) -> PyResult<Pro
     ProposeOptions::new(budget, min_prob, factor, chain).py()
 }
 
+impl PySuffixDrafter {
+    /// `f` on the state under the shared lock, waited for with the GIL released: a long
+    /// append in another thread holds the lock, and every Python thread would stop behind a
+    /// getter waiting with the GIL held.
+    fn read<T: Send>(
+        &self,
+        py: Python<'_>,
+        f: impl FnOnce(&SuffixDrafter) -> T + Send,
+    ) -> PyResult<T> {
+        py.detach(|| Ok(f(&*self.inner.read().map_err(poisoned)?)))
+    }
+}
+
 #[pymethods]
 impl PySuffixDrafter {
     #[new]
@@ -154,47 +167,48 @@ impl PySuffixDrafter {
     }
 
     #[getter]
-    fn max_depth(&self) -> PyResult<usize> {
-        Ok(self.inner.read().map_err(poisoned)?.max_depth())
+    fn max_depth(&self, py: Python<'_>) -> PyResult<usize> {
+        self.read(py, |d| d.max_depth())
     }
 
     #[getter]
-    fn max_global_tokens(&self) -> PyResult<usize> {
-        Ok(self.inner.read().map_err(poisoned)?.max_global_tokens())
+    fn max_global_tokens(&self, py: Python<'_>) -> PyResult<usize> {
+        self.read(py, |d| d.max_global_tokens())
     }
 
     #[getter]
-    fn num_requests(&self) -> PyResult<usize> {
-        Ok(self.inner.read().map_err(poisoned)?.num_requests())
+    fn num_requests(&self, py: Python<'_>) -> PyResult<usize> {
+        self.read(py, |d| d.num_requests())
     }
 
     #[getter]
-    fn num_global_tokens(&self) -> PyResult<usize> {
-        Ok(self.inner.read().map_err(poisoned)?.num_global_tokens())
+    fn num_global_tokens(&self, py: Python<'_>) -> PyResult<usize> {
+        self.read(py, |d| d.num_global_tokens())
     }
 
     #[getter]
-    fn num_indexed_tokens(&self) -> PyResult<usize> {
-        Ok(self.inner.read().map_err(poisoned)?.num_indexed_tokens())
+    fn num_indexed_tokens(&self, py: Python<'_>) -> PyResult<usize> {
+        self.read(py, |d| d.num_indexed_tokens())
     }
 
     /// Heap bytes held by every index.
     #[getter]
-    fn memory_bytes(&self) -> PyResult<usize> {
-        Ok(self.inner.read().map_err(poisoned)?.memory_bytes())
+    fn memory_bytes(&self, py: Python<'_>) -> PyResult<usize> {
+        self.read(py, |d| d.memory_bytes())
     }
 
     /// Request ids whose responses are in the global index, oldest first.
     #[getter]
-    fn cached_responses(&self) -> PyResult<Vec<i64>> {
-        Ok(self.inner.read().map_err(poisoned)?.cached_responses())
+    fn cached_responses(&self, py: Python<'_>) -> PyResult<Vec<i64>> {
+        self.read(py, |d| d.cached_responses())
     }
 
     fn has_request(
         &self,
+        py: Python<'_>,
         #[pyo3(from_py_with = crate::convert::request_id_arg)] request_id: i64,
     ) -> PyResult<bool> {
-        Ok(self.inner.read().map_err(poisoned)?.has_request(request_id))
+        self.read(py, |d| d.has_request(request_id))
     }
 
     fn start_request(
@@ -309,7 +323,9 @@ impl PySuffixDrafter {
         let inner = py.detach(|| -> PyResult<TreeBatch> {
             let d = self.inner.read().map_err(poisoned)?;
             let props = d.propose_batch(&ids, &opts, use_global).py()?;
-            batch(&props).py()
+            batch(&props)
+                .map_err(|e| e.renamed("trees", "request_ids"))
+                .py()
         })?;
         Ok(PyTreeBatch { inner })
     }
@@ -445,7 +461,9 @@ impl PyNgramDrafter {
                 .map(|(c, d)| chain_of(c, d))
                 .collect::<specsched_core::Result<Vec<_>>>()
                 .py()?;
-            TreeBatch::from_trees(&trees.iter().collect::<Vec<_>>()).py()
+            TreeBatch::from_trees(&trees.iter().collect::<Vec<_>>())
+                .map_err(|e| e.renamed("trees", "contexts"))
+                .py()
         })?;
         Ok(PyTreeBatch { inner })
     }
