@@ -13,6 +13,8 @@
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import subprocess
 import sys
 import time
@@ -670,9 +672,58 @@ def test_head_drafter_arguments_are_checked_by_name(shipped: tuple[Any, Any]) ->
         (lambda: TinyTarget(target, headroom=2.5), TypeError, "headroom: expected an int"),
         (lambda: EagleChainDrafter(target, head, depth=2.5), TypeError, "depth: expected an int"),
         (lambda: EagleStaticDrafter(target, head, [(300,)]), ValueError, "choices: rank 300"),
+        # The choices' own errors (they were iterated first: "'NoneType' object is not
+        # iterable").
+        (lambda: EagleStaticDrafter(target, head, None), TypeError, "^choices: expected"),
+        (lambda: EagleStaticDrafter(target, head, [0, 1]), TypeError, r"^choices\[0\]"),
+        # A TinyTarget where its TinyLM goes, a swapped pair, a head of another width: named
+        # here, not as an AttributeError or a torch size mismatch after the prefill.
+        (lambda: EagleDrafter(TinyTarget(target), head), TypeError, "^target: expected the TinyLM"),
+        (lambda: EagleChainDrafter(head, target), TypeError, "^target: expected the TinyLM"),
+        (
+            lambda: EagleStaticDrafter(target, target, [(0,)]),
+            TypeError,
+            "^head: expected an EagleHead",
+        ),
+        (lambda: TinyTarget(head), TypeError, "^model: expected a TinyLM, got EagleHead"),
+        (
+            lambda: EagleChainDrafter(
+                target, EagleHead(dataclasses.replace(target.cfg, d_model=64))
+            ),
+            ValueError,
+            "^head: d_model 64 does not match the target's",
+        ),
+        (
+            lambda: EagleChainDrafter(target, copy.deepcopy(head).float()),
+            ValueError,
+            "^head: torch.float32 on cpu, but the target is torch.float64",
+        ),
+        (
+            lambda: EagleChainDrafter(target, head, depth=2**70),
+            ValueError,
+            "^depth: .* a tree holds",
+        ),
     ]:
         with pytest.raises(exc, match=match):
             make()
+
+
+def test_headroom_past_the_models_positions_is_never_grown(shipped: tuple[Any, Any]) -> None:
+    # 2**70 columns failed in torch after the prefill: no cache needs more than max_positions.
+    target, head = shipped
+    assert TinyTarget(target, headroom=2**70).headroom == target.cfg.max_positions
+    assert EagleChainDrafter(target, head, headroom=10**6).state.headroom == 8192
+
+
+def test_a_tiny_draft_temperature_ranks_without_overflow(shipped: tuple[Any, Any]) -> None:
+    # Logits over 1e-38 overflowed float32 to inf, and log_softmax made NaN of them: the run
+    # failed after the prefill, naming an internal buffer. Below the row's maximum they go
+    # to -inf: the head's greedy choice ranks first, and the output stays the target's.
+    target, head = shipped
+    want = generate(TinyTarget(target), None, PROMPTS[:2], 12).tokens
+    for t in (1e-38, 5e-324):
+        drafter = EagleDrafter(target, head, topk=2, depth=3, budget=6, temperature=t)
+        assert generate(TinyTarget(target), drafter, PROMPTS[:2], 12).tokens == want
 
 
 def test_head_drafters_need_the_targets_features(shipped: tuple[Any, Any]) -> None:

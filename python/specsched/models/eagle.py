@@ -28,9 +28,32 @@ import numpy as np
 import torch
 
 from specsched._args import float_arg, int_arg
-from specsched._core import DynamicTreeBuilder, Tree, TreeBatch
+from specsched._core import MAX_NODES, DynamicTreeBuilder, Tree, TreeBatch
 from specsched.generate import TargetStep
-from specsched.models.tiny import EagleHead, TinyLM, cache_mask, grow_seq
+from specsched.models.tiny import EagleHead, TinyLM, cache_mask, check_headroom, grow_seq
+
+_F32_TINY = float(torch.finfo(torch.float32).tiny)
+
+
+def _check_pair(target: Any, head: Any) -> None:
+    """A TinyLM target and an EagleHead drafting for it (same width, dtype and device), named
+    when constructing a drafter rather than as a torch error after the target's prefill."""
+    if not isinstance(target, TinyLM):
+        raise TypeError(
+            f"target: expected the TinyLM the head drafts for, got {type(target).__name__} "
+            "(a TinyTarget wraps one: pass its .model)"
+        )
+    if not isinstance(head, EagleHead):
+        raise TypeError(f"head: expected an EagleHead, got {type(head).__name__}")
+    if head.cfg.d_model != target.cfg.d_model:
+        raise ValueError(
+            f"head: d_model {head.cfg.d_model} does not match the target's {target.cfg.d_model}"
+        )
+    t, h = next(target.parameters()), next(head.parameters())
+    if (h.dtype, h.device) != (t.dtype, t.device):
+        raise ValueError(
+            f"head: {h.dtype} on {h.device}, but the target is {t.dtype} on {t.device}"
+        )
 
 
 class _HeadState:
@@ -39,11 +62,12 @@ class _HeadState:
     def __init__(
         self, target: TinyLM, head: EagleHead, headroom: int, temperature: float = 1.0
     ) -> None:
+        _check_pair(target, head)
         # Finite: at inf every candidate scores the same (uniform drafts, nothing ranked).
         temperature = float_arg(temperature, "temperature")
         if not 0 < temperature < float("inf"):
             raise ValueError(f"temperature: expected a finite value > 0, got {temperature}")
-        headroom = int_arg(headroom, "headroom", 0)
+        headroom = check_headroom(headroom, target.cfg.max_positions)
         self.target, self.head, self.headroom = target, head, headroom
         self.temperature = temperature
         param = next(head.parameters())
@@ -77,7 +101,15 @@ class _HeadState:
 
     def draft_logprobs(self, predicted: torch.Tensor) -> torch.Tensor:
         logits = self.target.logits(predicted).float()
-        return torch.log_softmax(logits / self.temperature if self.temperature != 1 else logits, -1)
+        if self.temperature != 1:
+            # The row's maximum first: logits over a tiny temperature overflowed float32 to
+            # inf, and log_softmax made NaN of inf - inf; below the maximum they go to -inf.
+            # A temperature under float32's smallest normal divides as that one (torch reads
+            # the divisor as float32: 5e-324 became 0, and 0 / 0 NaN), as the device sampler
+            # clamps its own.
+            divisor = max(self.temperature, _F32_TINY)
+            logits = (logits - logits.amax(-1, keepdim=True)) / divisor
+        return torch.log_softmax(logits, -1)
 
     def feed(
         self,
@@ -209,6 +241,8 @@ class EagleDrafter(_HeadDrafter):
         temperature: float = 1.0,
         headroom: int = 512,
     ) -> None:
+        # First: it checks the target and head the rest reads.
+        self.state = _HeadState(target, head, headroom, temperature)
         self.topk, self.depth, self.budget = (
             int_arg(topk, "topk", 1),
             int_arg(depth, "depth", 1),
@@ -221,7 +255,6 @@ class EagleDrafter(_HeadDrafter):
         # The builder's own checks of the three together (a budget past the 1 + topk * depth
         # nodes drafted), here rather than in `start` after the target's prefill.
         DynamicTreeBuilder(1, self.topk, self.depth, self.budget)
-        self.state = _HeadState(target, head, headroom, temperature)
         self.builder: DynamicTreeBuilder | None = None
         self.io: _BuilderIO | None = None
 
@@ -328,6 +361,8 @@ class EagleChainDrafter(_HeadDrafter):
         self, target: TinyLM, head: EagleHead, *, depth: int = 6, headroom: int = 512
     ) -> None:
         depth = int_arg(depth, "depth", 1)
+        if depth > MAX_NODES - 1:
+            raise ValueError(f"depth: {depth} drafts, a tree holds at most {MAX_NODES - 1}")
         self.depth = depth
         self.state = _HeadState(target, head, headroom)
         self.parents = np.arange(-1, depth, dtype=np.int32)  # node i's parent is i - 1
@@ -370,7 +405,9 @@ class EagleStaticDrafter(_HeadDrafter):
         # Depth first, children by rank: the head's best path is nodes 0, 1, 2, ..., so when
         # the target accepts (a prefix of) it the accepted KV entries are already in place and
         # compaction moves nothing.
-        self.topology = Tree.from_choices([tuple(c) for c in choices], order="depth_first")
+        # First: it checks the target and head the rest reads.
+        self.state = _HeadState(target, head, headroom)
+        self.topology = Tree.from_choices(choices, order="depth_first")
         parents = self.topology.parents
         depths = self.topology.depths
         # Without tokens, a node's token is its rank among its siblings (its path's last
@@ -401,7 +438,6 @@ class EagleStaticDrafter(_HeadDrafter):
                 )
             )
         self.ancestors = torch.as_tensor(self.topology.attention_mask()[:, 1:])
-        self.state = _HeadState(target, head, headroom)
         self._layouts = {}
 
     @torch.inference_mode()

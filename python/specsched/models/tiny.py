@@ -309,6 +309,12 @@ def cache_mask(lengths: torch.Tensor, tree_mask: torch.Tensor) -> torch.Tensor:
     return mask.scatter_(2, where.expand(b, n, m), tree_mask)
 
 
+def check_headroom(headroom: Any, max_positions: int) -> int:
+    """Cache columns grown ahead of need: an int >= 0, at most `max_positions` (a cache
+    never needs more columns than the model has positions; 2**70 failed in torch mid-run)."""
+    return min(int_arg(headroom, "headroom", 0), max_positions)
+
+
 class TinyTarget:
     """`TinyLM` as a `specsched.generate.TargetModel`: one cache tensor
     `[layers, 2, B, H, S, D]`, compacted by one `specsched.compact_kv` call per step.
@@ -319,8 +325,10 @@ class TinyTarget:
     """
 
     def __init__(self, model: TinyLM, *, headroom: int = 256) -> None:
+        if not isinstance(model, TinyLM):
+            raise TypeError(f"model: expected a TinyLM, got {type(model).__name__}")
         self.model = model
-        self.headroom = int_arg(headroom, "headroom", 0)
+        self.headroom = check_headroom(headroom, model.cfg.max_positions)
         param = next(model.parameters())
         self.device, self.dtype = param.device, param.dtype
         self.cache = torch.empty(0)
