@@ -332,6 +332,35 @@ def test_bad_profiles_name_the_field(profile: dict[str, Any], field: str) -> Non
     assert isinstance(e.value, ValueError)
 
 
+@pytest.mark.parametrize(
+    ("profile", "field"),
+    [
+        (5, "profile: expected a Profile"),
+        ({**DECODE_HEAVY, "concurrency": 1.5}, "concurrency"),
+        ({**DECODE_HEAVY, "eagle3_head": "yes"}, "eagle3_head"),
+        ({**DECODE_HEAVY, "prompt_tokens": "x"}, "prompt_tokens"),
+        ({**DECODE_HEAVY, "target_forward_ms": "30"}, "target_forward_ms"),
+        ({**DECODE_HEAVY, "ngram_hit_rate": True}, "ngram_hit_rate"),
+    ],
+)
+def test_wrong_types_are_type_errors(profile: Any, field: str) -> None:
+    # A TypeError as everywhere else, and still a ProfileError for callers catching those.
+    with pytest.raises(TypeError, match=f"^{field}") as e:
+        decide(profile)
+    assert isinstance(e.value, ProfileError)
+
+
+def test_the_tree_reason_names_the_choices_it_covers() -> None:
+    # README's example recommends topk=2: its tree never holds a third choice.
+    rec = decide({**DECODE_HEAVY, "eagle3_head": True, "concurrency": 32})
+    assert rec.method == "eagle3_tree" and rec.config["topk"] == 2
+    reason = next(r for r in rec.reasons if r.startswith("tree over chain"))
+    assert "covers the target's second choice where" in reason
+    wide = decide({**DECODE_HEAVY, "eagle3_head": True})
+    assert wide.method == "eagle3_tree" and wide.config["topk"] == 8
+    assert "second to 8th choices" in next(r for r in wide.reasons if r.startswith("tree over"))
+
+
 def test_profile_takes_numpy_scalars() -> None:
     # Measured values come as numpy scalars (np.float32, np.int64, np.bool_): numbers like any
     # other, stored as Python's own so results and reports carry no numpy types.

@@ -261,9 +261,9 @@ def test_bad_arguments() -> None:
         target.prefill([[1], [3, 256]])
     target.prefill([[1, 2], [3]])
     for b, layer, exc, match in (
-        (0, 2, ValueError, "^layer: 2 is out of range for a cache of 2 layers"),
-        (0, -1, ValueError, "^layer: -1 is out of range"),
-        (2, 0, ValueError, "^b: 2 is out of range for a batch of 2"),
+        (0, 2, IndexError, "^layer: 2 is out of range for a cache of 2 layers"),
+        (0, -1, IndexError, "^layer: -1 is out of range"),
+        (2, 0, IndexError, "^b: 2 is out of range for a batch of 2"),
         (True, 0, TypeError, "^b: expected an int, got bool"),
         (0, 0.0, TypeError, "^layer: expected an int, got float"),
     ):

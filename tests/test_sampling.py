@@ -470,7 +470,7 @@ def test_bad_input_names_the_argument():
     with pytest.raises(ValueError, match=r"draft_probs: row 0 gives token 1 of node 1"):
         ss.verify(t, logits, temperature=1.0, draft_probs=q0, seed=0)
     # a sampled draft token outside the vocabulary
-    with pytest.raises(ValueError, match="tokens: node 2"):
+    with pytest.raises(ValueError, match=r"^draft_probs: node 2 has token 7, outside the draft"):
         ss.verify(ss.Tree([-1, 0, 0], [0, 1, 7]), logits, temperature=1.0, draft_probs=q)
     # repeated sibling tokens cannot come from sampling without replacement
     with pytest.raises(ValueError, match="nodes 1 and 2 are siblings"):

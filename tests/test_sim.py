@@ -273,6 +273,7 @@ def test_bad_types() -> None:
         (lambda: sim.speedup(2.0, 4, 1, None), "^cost: expected a CostModel, got NoneType"),  # type: ignore[arg-type]
         (lambda: sim.speedup("2", 4, 1, CostModel(10)), "^expected_tokens: expected a number"),  # type: ignore[arg-type]
         (lambda: sim.measure_host_overhead(4, seed=1.5), "^seed: expected an int, got float"),  # type: ignore[arg-type]
+        (lambda: Acceptance.from_stats(5), "^stats: expected an AcceptanceStats, got int"),  # type: ignore[arg-type]
     ]:
         with pytest.raises(TypeError, match=match):
             call()

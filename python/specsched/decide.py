@@ -49,6 +49,7 @@ __all__ = [
     "Candidate",
     "Profile",
     "ProfileError",
+    "ProfileTypeError",
     "Recommendation",
     "WorkloadClass",
     "decide",
@@ -62,6 +63,21 @@ ENGINES = ("vllm-0.18.0", "vllm", "sglang", "trtllm", "other")
 
 class ProfileError(ValueError):
     """An invalid or inconsistent workload profile; the message names the field."""
+
+
+class ProfileTypeError(ProfileError, TypeError):
+    """A profile field of the wrong type (a string or a float count): a TypeError, and a
+    ProfileError for callers that catch every profile mistake at once."""
+
+
+def _alternatives(topk: int) -> str:
+    """What a tree of `topk` children a node covers past the top draft, in words."""
+    if topk == 2:
+        return "the target's second choice"
+    if topk == 3:
+        return "the target's second and third choices"
+    suffix = "th" if 10 <= topk % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(topk % 10, "th")
+    return f"the target's second to {topk}{suffix} choices"
 
 
 @dataclass(frozen=True)
@@ -164,7 +180,9 @@ class Profile:
                 _probability(name, getattr(self, name))
         for name in ("chunked_prefill", "eagle3_head"):
             if not isinstance(getattr(self, name), (bool, np.bool_)):
-                raise ProfileError(f"{name}: expected true or false, got {getattr(self, name)!r}")
+                raise ProfileTypeError(
+                    f"{name}: expected true or false, got {getattr(self, name)!r}"
+                )
             setattr(self, name, bool(getattr(self, name)))
         if self.engine not in ENGINES:
             raise ProfileError(f"engine: {self.engine!r}, expected one of {', '.join(ENGINES)}")
@@ -186,7 +204,7 @@ class Profile:
     def from_dict(cls, data: Mapping[str, Any]) -> Profile:
         """A profile from a mapping; unknown fields are errors."""
         if not isinstance(data, Mapping):
-            raise ProfileError(f"profile: expected a mapping, got {type(data).__name__}")
+            raise ProfileTypeError(f"profile: expected a mapping, got {type(data).__name__}")
         known = {f.name for f in dataclasses.fields(cls)}
         for key in data:
             if key not in known:
@@ -211,26 +229,36 @@ def _is_number(x: Any) -> bool:
         return False  # past float64 (10**400, or such a Fraction): out of every range
 
 
+def _checked(name: str, x: Any, in_range: bool, expected: str) -> None:
+    """Refuses `x` unless it is a number in range: a ProfileTypeError when it is no number
+    at all (a string, a bool, a duration), a ProfileError when its value is off."""
+    if not isinstance(x, numbers.Real) or isinstance(x, _NOT_NUMBERS):
+        raise ProfileTypeError(f"{name}: {x!r}, expected {expected}")
+    if not (_is_number(x) and in_range):
+        raise ProfileError(f"{name}: {x!r}, expected {expected}")
+
+
 def _positive(name: str, x: Any) -> None:
     # knee_tokens may be infinite (verification free at any size); every other value is
     # bounded, as lengths are: 1e308 ms made every speed-up nan.
     unbounded = name == "knee_tokens"
-    if not _is_number(x) or x <= 0 or (not unbounded and x > MAX_VALUE):
-        raise ProfileError(f"{name}: {x!r}, expected a positive number up to {MAX_VALUE:g}")
+    number = _is_number(x)
+    ok = number and x > 0 and (unbounded or x <= MAX_VALUE)
+    _checked(name, x, ok, f"a positive number up to {MAX_VALUE:g}")
 
 
 def _non_negative(name: str, x: Any) -> None:
-    if not _is_number(x) or not 0 <= x <= MAX_VALUE:
-        raise ProfileError(f"{name}: {x!r}, expected a number in [0, {MAX_VALUE:g}]")
+    _checked(name, x, _is_number(x) and 0 <= x <= MAX_VALUE, f"a number in [0, {MAX_VALUE:g}]")
 
 
 def _probability(name: str, x: Any) -> None:
-    if not _is_number(x) or not 0 <= x <= 1:
-        raise ProfileError(f"{name}: {x!r}, expected a number in [0, 1]")
+    _checked(name, x, _is_number(x) and 0 <= x <= 1, "a number in [0, 1]")
 
 
 def _integer(name: str, x: Any, minimum: int) -> None:
-    if isinstance(x, _NOT_NUMBERS) or not isinstance(x, numbers.Integral) or x < minimum:
+    if isinstance(x, _NOT_NUMBERS) or not isinstance(x, numbers.Integral):
+        raise ProfileTypeError(f"{name}: {x!r}, expected an integer >= {minimum}")
+    if x < minimum:
         raise ProfileError(f"{name}: {x!r}, expected an integer >= {minimum}")
 
 
@@ -244,17 +272,17 @@ MAX_VALUE = 1e12
 
 
 def _length(name: str, x: Any, minimum: float) -> None:
-    if not _is_number(x) or not minimum <= x <= MAX_TOKENS:
-        raise ProfileError(
-            f"{name}: {x!r}, expected a length in [{minimum:g}, {MAX_TOKENS:g}] tokens"
-        )
+    ok = _is_number(x) and minimum <= x <= MAX_TOKENS
+    _checked(name, x, ok, f"a length in [{minimum:g}, {MAX_TOKENS:g}] tokens")
 
 
 def _workload_class(c: Any, where: str) -> WorkloadClass:
     if isinstance(c, WorkloadClass):
         c = dataclasses.asdict(c)
     if not isinstance(c, Mapping):
-        raise ProfileError(f"{where}: expected a table with share, prompt_tokens, output_tokens")
+        raise ProfileTypeError(
+            f"{where}: expected a table with share, prompt_tokens, output_tokens"
+        )
     for key in c:
         if key not in ("share", "prompt_tokens", "output_tokens"):
             raise ProfileError(f"{where}.{key}: unknown field")
@@ -262,8 +290,7 @@ def _workload_class(c: Any, where: str) -> WorkloadClass:
         if key not in c:
             raise ProfileError(f"{where}.{key}: required")
     share = c["share"]
-    if not _is_number(share) or not 0 < share <= 1:
-        raise ProfileError(f"{where}.share: {share!r}, expected a number in (0, 1]")
+    _checked(f"{where}.share", share, _is_number(share) and 0 < share <= 1, "a number in (0, 1]")
     _length(f"{where}.prompt_tokens", c["prompt_tokens"], 0)
     _length(f"{where}.output_tokens", c["output_tokens"], 1)
     return WorkloadClass(float(share), float(c["prompt_tokens"]), float(c["output_tokens"]))
@@ -558,7 +585,7 @@ def _as_profile(profile: Profile | Mapping[str, Any] | str | Path) -> Profile:
         return Profile.from_dict(profile)
     if isinstance(profile, (str, Path)):
         return load_profile(profile)
-    raise ProfileError(
+    raise ProfileTypeError(
         f"profile: expected a Profile, a mapping or a file path, got {type(profile).__name__}"
     )
 
@@ -669,7 +696,7 @@ def decide(profile: Profile | Mapping[str, Any] | str | Path) -> Recommendation:
             f"tree over chain: {best.expected_tokens:.2f} vs {chain.expected_tokens:.2f} tokens "
             f"per step ({best.speedup:.2f}x vs {chain.speedup:.2f}x); the tree verifies "
             f"{best.config['budget']} tokens over {best.config['depth']} draft steps and "
-            "covers the target's second and third choices where the top draft misses"
+            f"covers {_alternatives(best.config['topk'])} where the top draft misses"
         )
     elif best.method == "eagle3_chain":
         tree = next(c for c in live if c.method == "eagle3_tree")

@@ -146,6 +146,8 @@ class Acceptance:
         `AcceptanceStats` (the same conditional probability the table model means). Cells with
         fewer than `min_trials` trials count as 0; a row whose estimates sum past 1 (sampling
         noise across ranks seen different numbers of times) is scaled back to 1."""
+        if not isinstance(stats, AcceptanceStats):
+            raise TypeError(f"stats: expected an AcceptanceStats, got {type(stats).__name__}")
         trials = np.asarray(stats.trials, dtype=np.float64)
         hits = np.asarray(stats.hits, dtype=np.float64)
         if trials.size == 0 or not trials.any():

@@ -257,10 +257,10 @@ class HFTarget:
         """Row b's committed keys and values in `layer`, `[H, L_b, D]` each (valid columns)."""
         b, layer = int_arg(b, "b"), int_arg(layer, "layer")
         if not 0 <= b < self.batch_size:
-            raise ValueError(f"b: {b} is out of range for a batch of {self.batch_size}")
+            raise IndexError(f"b: {b} is out of range for a batch of {self.batch_size}")
         layers = kv_tensors(self.cache)
         if not 0 <= layer < len(layers):
-            raise ValueError(f"layer: {layer} is out of range for a cache of {len(layers)} layers")
+            raise IndexError(f"layer: {layer} is out of range for a cache of {len(layers)} layers")
         keys, values = layers[layer]
         cols = torch.nonzero(self.valid[b]).squeeze(1).to(keys.device)
         return keys[b][:, cols], values[b][:, cols]

@@ -869,9 +869,9 @@ fn check_drafted(
         let x = tree.tokens[c];
         if x < 0 || x as usize >= vocab {
             return Err(Error::value(
-                "tokens",
+                "draft_probs",
                 format!(
-                    "node {} has token {x}, outside draft_probs' vocabulary of {vocab}",
+                    "node {} has token {x}, outside the draft's vocabulary of {vocab}",
                     base + c
                 ),
             ));
