@@ -20,6 +20,7 @@ outside every contender. Contenders agree on the accepted paths (checked after t
 from __future__ import annotations
 
 import functools
+import itertools
 from typing import Any
 
 import numpy as np
@@ -59,7 +60,13 @@ def step_case(batch: int, budget: int) -> tuple[TinyTarget, ss.TreeBatch, Any]:
     drafter = EagleDrafter(model, head, topk=8, depth=6, budget=budget)
     drafter.start(prompts, first, prefill)
     trees = drafter.propose(first, np.ones(batch, dtype=bool))
-    return target, trees, target.forward_tree(trees)
+    step = target.forward_tree(trees)
+    uncompacted[batch, budget] = target.cache.clone()
+    return target, trees, step
+
+
+# Each case's cache as its forward left it (the contenders share one target and compact it).
+uncompacted: dict[tuple[int, int], torch.Tensor] = {}
 
 
 def torch_step(paths: TorchPaths, tokens: torch.Tensor, logits: torch.Tensor, target: TinyTarget):
@@ -87,6 +94,25 @@ def reference_step(trees: ss.TreeBatch, rows: np.ndarray, target: TinyTarget):
     return accepted
 
 
+def reference_paths(trees: ss.TreeBatch, logits: np.ndarray) -> list[list[int]]:
+    """Each tree's accepted path by the reference twin (independent of the Rust walk)."""
+    offsets = trees.offsets.tolist()
+    parents, tokens = trees.parents.tolist(), trees.tokens.tolist()
+    return [
+        ref.verify_logits(parents[s:e], tokens[s:e], logits[s:e].tolist())[0]
+        for s, e in itertools.pairwise(offsets)
+    ]
+
+
+def reference_compacted(cache: torch.Tensor, paths: list[list[int]], lengths: np.ndarray):
+    """`cache` with each request's accepted entries moved by the reference plan."""
+    out = cache.clone()
+    for b, nodes in enumerate(paths):
+        for src, dst in zip(*ref.kv_compaction_plan(nodes, int(lengths[b])), strict=True):
+            out[:, :, b, :, dst] = out[:, :, b, :, src]
+    return out
+
+
 @pytest.mark.parametrize("contender", CONTENDERS)
 @pytest.mark.parametrize(("batch", "budget"), SIZES, ids=[f"B{b}-N{n}" for b, n in SIZES])
 def test_loop_step(benchmark, batch, budget, contender):
@@ -94,6 +120,12 @@ def test_loop_step(benchmark, batch, budget, contender):
     target, trees, step = step_case(batch, budget)
     logits = step.logits
     expected = ss.verify(trees, logits)
+    # The Rust walk against the reference twin's, not against itself.
+    paths = reference_paths(trees, np.asarray(logits))
+    assert [
+        row[: k + 1].tolist()
+        for row, k in zip(expected.accepted_nodes, expected.num_accepted, strict=True)
+    ] == paths
     with torch_threads(2 if contender == "target_forward" else 1):
         if contender == "target_forward":
             run(benchmark, lambda: target.forward_tree(trees))
@@ -106,8 +138,13 @@ def test_loop_step(benchmark, batch, budget, contender):
                 ss.compact_kv(target.cache, result, target.lengths, seq_dim=4, batch_dim=2)
                 return result
 
+            # From the cache as the forward left it, whatever ran before; a move repeated in
+            # later rounds is a no-op (each source lies past every destination).
+            target.cache.copy_(uncompacted[batch, budget])
+            want_cache = reference_compacted(target.cache, paths, target.lengths)
             got = run(benchmark, fn)
             np.testing.assert_array_equal(got.accepted_nodes, expected.accepted_nodes)
+            assert torch.equal(target.cache, want_cache)
         elif contender == "torch_peer":
             paths = TorchPaths(_Shape(trees))
             tokens = torch.tensor(trees.tokens)  # a writable copy of the read-only view

@@ -43,6 +43,8 @@ def bad(
     *inputs: Any,
 ) -> None:
     """`call()` must raise `exc` with `arg` in its message and leave `inputs` unmodified."""
+    # An empty name is in every message: the case would pass any error of the type.
+    assert arg, f"{fn} {kind}: name the argument the error must name"
     CASES.append((fn, kind, exc if isinstance(exc, tuple) else (exc,), arg, call, inputs))
 
 
@@ -776,7 +778,7 @@ def builder_cases() -> None:
         fn,
         "absurd sizes",
         ValueError,
-        "",
+        "batch",
         lambda: ss.DynamicTreeBuilder(1 << 20, 1 << 10, 1 << 10, 3),
     )
     bad(
@@ -1409,7 +1411,7 @@ def more_cases() -> None:
         fn + ".Acceptance.per_rank",
         "sum > 1",
         ValueError,
-        "",
+        "per_rank",
         lambda: sim.Acceptance.per_rank([0.7, 0.6]),
     )
     bad(

@@ -129,6 +129,32 @@ ops = st.lists(
     ),
     max_size=25,
 )
+
+
+@st.composite
+def lifecycles(draw: st.DrawFn) -> list[tuple[str, int, list[int]]]:
+    """Whole request lifecycles, interleaved (each request's own events in order): start,
+    appends, proposals, then finished and cached (and maybe removed again), dropped, or left
+    running. Random `ops` scripts rarely finish a request they started: their responses
+    almost never reached the global cache, and a removal never ran."""
+    per_request = []
+    for rid in range(draw(st.integers(1, 4))):
+        events = [("start", rid, draw(streams))]
+        events += [("append", rid, draw(streams)) for _ in range(draw(st.integers(0, 3)))]
+        events += [("propose", rid, [])] * draw(st.integers(0, 2))
+        end = draw(st.sampled_from(["finish", "finish", "drop", None]))
+        if end is not None:
+            events.append((end, rid, []))
+        if end == "finish" and draw(st.booleans()):
+            events.append(("remove", rid, []))
+        per_request.append(events)
+    script = []
+    while any(per_request):
+        queue = draw(st.sampled_from([q for q in per_request if q]))
+        script.append(queue.pop(0))
+    return script
+
+
 params = st.tuples(
     st.integers(1, 12),  # budget
     st.sampled_from([0.01, 0.1, 0.26, 0.5, 1.0]),  # min_prob
@@ -156,15 +182,20 @@ def _check_same(d: ss.SuffixDrafter, r: ref.ReferenceSuffixDrafter, rid: int, p:
 @given(
     max_depth=st.integers(1, 8),
     max_global=st.integers(0, 60),
+    sessions=lifecycles(),
     script=ops,
     p=params,
 )
 def test_suffix_matches_reference(
-    max_depth: int, max_global: int, script: list[tuple[str, int, list[int]]], p: tuple
+    max_depth: int,
+    max_global: int,
+    sessions: list[tuple[str, int, list[int]]],
+    script: list[tuple[str, int, list[int]]],
+    p: tuple,
 ) -> None:
     d = ss.SuffixDrafter(max_depth=max_depth, max_global_tokens=max_global)
     r = ref.ReferenceSuffixDrafter(max_depth, max_global)
-    for op, rid, toks in script:
+    for op, rid, toks in sessions + script:
         live = rid in r.requests
         if op == "start" and not live:
             d.start_request(rid, toks)
