@@ -41,8 +41,15 @@ def test_int_arg_takes_what_indexes() -> None:
     assert int_arg(np.uint64(2**63), "n", 0) == 2**63
     assert type(int_arg(np.int32(3), "n")) is int
     assert int_arg(np.array(5), "n", 5) == 5  # a 0-d int array indexes
-    with pytest.raises(TypeError, match="n: expected an int, got ndarray"):
+    # One element is a per-request array, not a scalar; a bool tensor is a flag.
+    with pytest.raises(TypeError, match=r"^n: expected an int, got a 1-D ndarray"):
         int_arg(np.array([5]), "n")
+    torch = pytest.importorskip("torch")
+    assert int_arg(torch.tensor(7), "n", 0) == 7
+    with pytest.raises(TypeError, match=r"^n: expected an int, got a 1-D Tensor"):
+        int_arg(torch.tensor([2]), "n")
+    with pytest.raises(TypeError, match=r"^n: expected an int, got Tensor of torch\.bool"):
+        int_arg(torch.tensor(True), "n")
 
 
 def test_float_arg_maps_huge_ints_to_infinity() -> None:

@@ -582,7 +582,10 @@ def test_restored_results_are_checked() -> None:
         (([0, 4], [5, 6], 4), "accepted_nodes: entry 1 is 4"),
         (([0, -1], [5, 6], 4), "accepted_nodes: entry 1 is -1"),
         (([0, 1], [5], 4), "tokens: expected 2 entries"),
-        (([0], [5], 0), "num_nodes: a verified tree has at least its root"),
+        (([0], [5], 0), "num_nodes: 0: a verified tree has 1 to 65536 nodes"),
+        # Past a tree's size the indices wrapped through i32 ([0, 2**32] came back [0, 0]).
+        (([0, 2**32], [5, 6], 2**33), "num_nodes: 8589934592: a verified tree has 1 to"),
+        (([0, 1], [5, 6], 65537), "num_nodes: 65537"),
         (([], [], 3), "accepted_nodes: a path starts at the root"),
     ):
         with pytest.raises(ValueError, match=arg):
@@ -613,6 +616,16 @@ def test_restored_results_are_checked() -> None:
         parts = {"k": k, "nodes": nodes, "toks": toks, "offs": offs, **change}
         with pytest.raises(ValueError, match=arg):
             batch(*(np.array(parts[x]) for x in ("k", "nodes", "toks", "offs")))
+    # Past a batch's node limit (global indices wrapped in to_sglang, which sized its
+    # output from them): 300 trees of 65536 nodes.
+    rows = 300
+    with pytest.raises(ValueError, match=r"^offsets: 19660800 nodes in all, more than a batch"):
+        batch(
+            np.zeros(rows, np.int64),
+            np.zeros((rows, 1), np.int64),
+            np.zeros((rows, 1), np.int64),
+            np.arange(rows + 1, dtype=np.int64) * 65536,
+        )
     empty = batch(
         np.zeros(0, np.int64), np.zeros((0, 1), np.int64), np.zeros((0, 1), np.int64), [0]
     )

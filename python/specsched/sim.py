@@ -364,10 +364,11 @@ class CostModel:
                 f"knee_tokens: {self.knee_tokens!r}, too small for t_target_ms "
                 f"{self.t_target_ms!r} (the cost per token past the knee overflows)"
             )
-        if int_arg(self.concurrency, "concurrency", 1) > MAX_CONCURRENCY:
-            raise ValueError(
-                f"concurrency: {self.concurrency}, expected at most {MAX_CONCURRENCY:,}"
-            )
+        concurrency = int_arg(self.concurrency, "concurrency", 1)
+        if concurrency > MAX_CONCURRENCY:
+            raise ValueError(f"concurrency: {concurrency}, expected at most {MAX_CONCURRENCY:,}")
+        # A Python int, not the numpy scalar or tensor it was given as (frozen: set directly).
+        object.__setattr__(self, "concurrency", concurrency)
 
     def t_target(self, n: int) -> float:
         """Target forward over `n` tokens per request, for the whole batch."""

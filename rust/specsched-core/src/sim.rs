@@ -146,14 +146,15 @@ impl Acceptance {
 pub fn chain_expected_tokens(alpha: f64, gamma: usize) -> Result<f64> {
     check_prob("alpha", "alpha".into(), alpha)?;
     // `gamma + 1` checked: it wrapped to 0 at usize::MAX, which read 0 expected tokens.
-    let g = gamma
+    let n = gamma
         .checked_add(1)
-        .and_then(|g| i32::try_from(g).ok())
-        .ok_or_else(|| Error::value("gamma", format!("{gamma} is too large")))?;
+        .ok_or_else(|| Error::value("gamma", format!("{gamma}: gamma + 1 overflows")))?;
     if alpha == 1.0 {
-        return Ok(f64::from(g));
+        return Ok(n as f64);
     }
-    Ok((1.0 - alpha.powi(g)) / (1.0 - alpha))
+    // `powi` (exact repeated squaring) where the exponent fits it, `powf` past that.
+    let power = i32::try_from(n).map_or_else(|_| alpha.powf(n as f64), |g| alpha.powi(g));
+    Ok((1.0 - power) / (1.0 - alpha))
 }
 
 /// `q[v]`: probability the target picks node `v` given its parent was accepted (`q[0] = 1`).
@@ -533,6 +534,12 @@ mod tests {
         // gamma + 1 past usize: an error, not a wrapped 0 tokens.
         assert!(chain_expected_tokens(0.5, usize::MAX).is_err());
         assert!(chain_expected_tokens(1.0, usize::MAX).is_err());
+        // Past i32 (powi's exponent): gamma + 1 at alpha 1, the geometric limit below it.
+        assert_eq!(
+            chain_expected_tokens(1.0, 1 << 40).unwrap(),
+            (1u64 << 40) as f64 + 1.0
+        );
+        assert!(close(chain_expected_tokens(0.5, 1 << 40).unwrap(), 2.0));
     }
 
     #[test]

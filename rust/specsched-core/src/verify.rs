@@ -82,11 +82,14 @@ impl Verified {
     ) -> Result<Self> {
         let num_nodes = usize::try_from(num_nodes)
             .ok()
-            .filter(|&n| n > 0)
+            .filter(|&n| (1..=crate::tree::MAX_NODES).contains(&n))
             .ok_or_else(|| {
                 Error::value(
                     "num_nodes",
-                    format!("a verified tree has at least its root, got {num_nodes} nodes"),
+                    format!(
+                        "{num_nodes}: a verified tree has 1 to {} nodes",
+                        crate::tree::MAX_NODES
+                    ),
                 )
             })?;
         let accepted_nodes = path_nodes(accepted_nodes, num_nodes, "")?;
@@ -210,6 +213,17 @@ impl BatchVerified {
             return Err(Error::value(
                 "offsets",
                 format!("expected {} entries starting at 0, got {offsets}", b + 1),
+            ));
+        }
+        // The batch's global node indices must fit i32 (SGLang's layouts), as a TreeBatch's do.
+        let total = offsets[b];
+        if total < 0 || total > crate::tree::MAX_BATCH_NODES as i64 {
+            return Err(Error::value(
+                "offsets",
+                format!(
+                    "{total} nodes in all, more than a batch's {}",
+                    crate::tree::MAX_BATCH_NODES
+                ),
             ));
         }
         let mut out = BatchVerified {
