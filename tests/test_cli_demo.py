@@ -44,6 +44,9 @@ def test_demo_rejects_bad_arguments(capsys: pytest.CaptureFixture[str]) -> None:
     # The limit is the flag's own (its largest tree is 3 x budget), not an internal tree's.
     assert main(["demo", "--budget", "21846"]) == 2
     assert "--budget: 21846, at most 21845" in capsys.readouterr().err
+    # Its drafters draft budget - 1 levels past the longest prompt (60 of 8192 positions).
+    assert main(["demo", "--budget", "8134"]) == 2
+    assert "--budget: 8134, but the model holds 8192 positions" in capsys.readouterr().err
     # Named before any run (an overflow naming nothing; a position error thousands of
     # steps in).
     assert main(["demo", "--threads", "99999999999999999999"]) == 2

@@ -164,6 +164,12 @@ def test_decide_profile_file_and_classes(
         ),
         (["simulate", "--steps", "0", "--plot", ""], "--plot: empty file name"),
         (["simulate", "--steps", "0", "--plot", "/nonexistent/x.png"], "--plot: /nonexistent"),
+        # matplotlib wrote noext.png (or a hidden .png in the folder) and the command said
+        # "wrote noext"; an unknown format failed after the sweep.
+        (["simulate", "--steps", "0", "--plot", "noext"], "--plot: noext: expected a file"),
+        (["simulate", "--steps", "0", "--plot", "x.webp2"], "--plot: x.webp2: expected a file"),
+        (["decide", "--prompt-tokens", "9", "--output-tokens", "9", "--plot", "."], "is a folder"),
+        (["replay", "--seed", "-1", "--requests", "1"], "seed: must be >= 0, got -1"),
         (["decide", "--profile", "", "--prompt-tokens", "9", "--output-tokens", "9"], "--profile"),
         # A sweep that fails part-way: the progress bar's line is ended before the error.
         (

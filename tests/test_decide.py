@@ -410,5 +410,22 @@ def test_bad_files(tmp_path: Path) -> None:
         load_profile(tmp_path / "p.yaml")
     with pytest.raises(ProfileError, match="cannot read"):
         load_profile(tmp_path / "missing.toml")
+    # Each named as the profile's, not a bare RecursionError / UnicodeDecodeError / ValueError.
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 100_000 + "]" * 100_000)
+    deep_toml = tmp_path / "deep.toml"
+    deep_toml.write_text("a = " + "[" * 100_000 + "]" * 100_000)
+    latin = tmp_path / "latin.json"
+    latin.write_bytes(b'{"engine": "caf\xe9"}')
+    huge = tmp_path / "huge.json"
+    huge.write_text('{"concurrency": ' + "9" * 5000 + "}")
+    for path, match in (
+        (deep, "not valid JSON"),
+        (deep_toml, "not valid TOML"),
+        (latin, "not UTF-8 text"),
+        (huge, "not valid JSON"),
+    ):
+        with pytest.raises(ProfileError, match=f"^profile: .*{path.name} is {match}"):
+            load_profile(path)
     with pytest.raises(ProfileError, match="profile"):
         decide(42)  # type: ignore[arg-type]

@@ -309,6 +309,50 @@ def test_bad_torch_logits():
         ss.verify(t, torch.zeros(5, 10), reduce="cuda")
 
 
+def test_int_arguments_name_the_dtype_they_came_as() -> None:
+    # bfloat16 was widened to float32 before Rust checked it: "got float32", a dtype never
+    # passed. A 0-d bool tensor indexed as 0 or 1 (an axis, a prefix) instead of a TypeError.
+    rb = ss.verify(ss.TreeBatch([ss.Tree(P5, T5)] * 2), target_tokens=[11, 14, 0, 0, 77] * 2)
+    cache = np.zeros((2, 12, 3), np.float32)
+    bf16 = torch.tensor([1, 2], dtype=torch.bfloat16)
+    for call, arg in (
+        (lambda: ss.compact_kv(cache, rb, bf16, seq_dim=1), "prefix_lens"),
+        (lambda: ss.kv_compaction_plan(rb, bf16), "prefix_lens"),
+        (lambda: ss.commit_slots(bf16, rb), "slots"),
+    ):
+        with pytest.raises(TypeError, match=f"^{arg}: a torch.bfloat16 tensor"):
+            call()
+    flag = torch.tensor(True)
+    batch = ss.TreeBatch([ss.Tree(P5, T5)] * 2)
+    for call in (
+        lambda: batch.positions(flag),
+        lambda: batch.limit_depth(flag),
+        lambda: ss.Tree(P5, T5).positions(flag),
+        lambda: ss.compact_kv(cache, rb, 0, seq_dim=flag),
+        lambda: ss.compact_kv(cache, rb, flag, seq_dim=1),
+    ):
+        with pytest.raises(TypeError):
+            call()
+    # A float argument's bfloat16 is widened, as before.
+    logits = np.zeros((10, 8), np.float32)
+    temps = torch.tensor([0.5, 1.0], dtype=torch.bfloat16)
+    assert len(ss.verify(batch, logits, temperature=temps, seed=1)) == 2
+
+
+def test_host_view_leaves_what_numpy_cannot_view_to_verify() -> None:
+    # Its contract: a numpy view where numpy can hold the tensor, else the tensor itself
+    # (verify reads those); float8 and a lazily negated view raised torch's own errors.
+    tree = ss.Tree(P5, T5)
+    f8 = torch.randn(5, 10).to(torch.float8_e4m3fn)
+    assert _torch.host_view(f8) is f8
+    negated = torch.randn(5, 10, dtype=torch.complex64).conj().imag
+    assert negated.is_neg() and _torch.host_view(negated) is negated
+    want = ss.verify(tree, negated.resolve_neg().numpy())
+    assert ss.verify(tree, _torch.host_view(negated)).tokens.tolist() == want.tokens.tolist()
+    plain = torch.randn(5, 10)
+    assert np.shares_memory(_torch.host_view(plain), plain.numpy())
+
+
 @pytest.mark.filterwarnings("ignore:Sparse CSR tensor support is in beta")
 def test_logits_without_strided_values_are_named_on_every_path() -> None:
     t = ss.Tree(P5, T5)

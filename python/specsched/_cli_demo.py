@@ -127,6 +127,13 @@ def demo_command(args: argparse.Namespace) -> int:
     # steps in, naming no flag. The last token emitted is never fed back, so a prompt of L
     # tokens leaves room for max_positions - L + 1.
     longest, positions = max(map(len, prompts)), target.cfg.max_positions
+    # The EAGLE drafters draft budget - 1 levels past the longest prompt: past the model's
+    # positions a run drafted thousands of levels for trees cut back to fit.
+    if longest + args.budget - 1 > positions:
+        raise ValueError(
+            f"--budget: {args.budget}, but the model holds {positions} positions and the "
+            f"longest prompt takes {longest}: at most {positions - longest + 1}"
+        )
     if longest + args.max_new_tokens > positions + 1:
         raise ValueError(
             f"--max-new-tokens: {args.max_new_tokens}, but the model holds {positions} positions "

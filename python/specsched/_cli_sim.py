@@ -231,9 +231,23 @@ def _check_plot_path(path: str | None) -> None:
         return
     if not path:
         raise ValueError("--plot: empty file name")
+    if os.path.isdir(path):
+        raise ValueError(f"--plot: {path} is a folder; name the image file")
     folder = os.path.dirname(path) or "."
     if not os.path.isdir(folder):
         raise ValueError(f"--plot: {path}: no such folder {folder!r}")
+    # matplotlib picks the format from the extension and appends .png to a name without one
+    # (the command reported writing a file that did not exist): named here, before the sweep.
+    extension = os.path.splitext(path)[1].lower().lstrip(".")
+    if extension not in PLOT_FORMATS:
+        raise ValueError(
+            f"--plot: {path}: expected a file ending in one of "
+            f"{', '.join('.' + f for f in PLOT_FORMATS)}"
+        )
+
+
+# What matplotlib writes without extra backends.
+PLOT_FORMATS = ("png", "pdf", "svg", "jpg", "jpeg", "eps", "ps")
 
 
 def _require_matplotlib() -> Any:

@@ -237,7 +237,8 @@ def stdlib_workload(
     requests = int_arg(requests, "requests", 1)
     if int_arg(max_len, "max_len") < 2:
         raise ValueError(f"max_len: must be >= 2 (a prompt and a continuation), got {max_len}")
-    rng = random.Random(int_arg(seed, "seed"))
+    # >= 0: random.Random seeds with abs(seed), so -1 silently was the workload of 1.
+    rng = random.Random(int_arg(seed, "seed", 0))
     files = [p for p in stdlib_files() if p.stat().st_size >= 400]
     if kind == "similar":
         by_pkg: dict[Path, list[Path]] = {}

@@ -76,7 +76,10 @@ def host_view(t: torch.Tensor) -> Any:
 
     if t.device.type != "cpu" or t.dtype == torch.bfloat16:
         return t
-    return t.detach().numpy()
+    try:
+        return t.detach().numpy()
+    except (TypeError, RuntimeError):  # float8, sparse, a lazily negated view: verify's own
+        return t
 
 
 def synchronizer(device: torch.device) -> Callable[[], None] | None:
@@ -388,10 +391,12 @@ def check_has_data(t: torch.Tensor, arg: str, index: int | None = None) -> None:
         raise ValueError(f"{name}: a tensor on the meta device holds no data")
 
 
-def host_array(x: Any, arg: str) -> Any:
+def host_array(x: Any, arg: str, floats: bool = False) -> Any:
     """Small tensors (choices, slots, per-request parameters) as host numpy arrays; other
-    inputs unchanged. Floats numpy cannot hold (bfloat16, float8) are widened to float32 (a
-    handful of values); a tensor numpy cannot view at all is a TypeError naming `arg`."""
+    inputs unchanged. For a float argument (`floats`), floats numpy cannot hold (bfloat16,
+    float8) are widened to float32 (a handful of values); anywhere else they are named as
+    they came (widened, an int argument's error named float32, a dtype never passed). A
+    tensor numpy cannot view is a TypeError naming `arg`."""
     if is_tensor(x):
         import torch
 
@@ -399,7 +404,8 @@ def host_array(x: Any, arg: str) -> Any:
         t = x.detach()
         if t.device.type != "cpu":
             t = t.cpu()
-        if t.is_floating_point() and t.element_size() < 4 and t.dtype != torch.float16:
+        narrow = t.is_floating_point() and t.element_size() < 4 and t.dtype != torch.float16
+        if narrow and floats:
             t = t.float()
         try:
             return t.resolve_conj().resolve_neg().numpy()

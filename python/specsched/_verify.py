@@ -198,7 +198,7 @@ def _param(value: Any, name: str, default: float | int, integer: bool, requests:
     if value is None:
         value = default
     if _torch.is_tensor(value):
-        value = _torch.host_array(value, name)
+        value = _torch.host_array(value, name, floats=not integer)
     # Python ints past int64 / float64 (numpy would make them an object array, a TypeError
     # for what is a value out of range): a k past int64 keeps every token, as a uint64 one
     # does below; one below it, or a float parameter past float64, becomes a value the range

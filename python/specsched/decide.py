@@ -302,13 +302,16 @@ def load_profile(path: str | Path) -> Profile:
     if p.suffix not in (".json", ".toml"):
         raise ProfileError(f"profile: {p} must end in .toml or .json")
     try:
-        text = p.read_text()
+        text = p.read_text(encoding="utf-8")
     except OSError as e:
         raise ProfileError(f"profile: cannot read {p}: {e.strerror}") from None
+    except UnicodeDecodeError as e:
+        raise ProfileError(f"profile: {p} is not UTF-8 text: {e}") from None
     if p.suffix == ".json":
         try:
             data = json.loads(text)
-        except json.JSONDecodeError as e:
+        # ValueError: an int past Python's digit limit; RecursionError: nesting no profile has.
+        except (ValueError, RecursionError) as e:
             raise ProfileError(f"profile: {p} is not valid JSON: {e}") from None
     else:
         if sys.version_info >= (3, 11):
@@ -320,7 +323,7 @@ def load_profile(path: str | Path) -> Profile:
                 raise ProfileError("profile: reading TOML needs Python 3.11+ or tomli") from None
         try:
             data = tomllib.loads(text)
-        except tomllib.TOMLDecodeError as e:
+        except (ValueError, RecursionError) as e:  # TOMLDecodeError is a ValueError
             raise ProfileError(f"profile: {p} is not valid TOML: {e}") from None
     return Profile.from_dict(data)
 

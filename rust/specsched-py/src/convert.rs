@@ -368,11 +368,20 @@ pub fn scalar_int(obj: &Bound<'_, PyAny>) -> Option<i64> {
         };
     }
     if let Ok(ndim) = obj.getattr(pyo3::intern!(obj.py(), "ndim")) {
-        if ndim.extract::<usize>().ok() != Some(0) {
+        // A bool tensor indexes as 0 or 1, but is a flag, not a count (as a bool is).
+        if ndim.extract::<usize>().ok() != Some(0) || is_bool_tensor(obj) {
             return None;
         }
     }
     obj.extract::<i64>().ok()
+}
+
+/// Whether `obj` is a torch bool tensor (its `__index__` reads it as 0 or 1; numpy's bools
+/// refuse to index). Asked of objects that are neither Python ints nor numpy arrays only.
+fn is_bool_tensor(obj: &Bound<'_, PyAny>) -> bool {
+    obj.getattr(pyo3::intern!(obj.py(), "dtype"))
+        .and_then(|d| d.str().map(|s| s.to_string()))
+        .is_ok_and(|s| s == "torch.bool")
 }
 
 /// A dimensionless integer (a numpy scalar such as `np.uint64(2**63)`) past int64: an int
@@ -577,10 +586,17 @@ pub fn owned<'py, T: Element>(
 /// only "'float' object cannot be interpreted as an integer".
 pub fn int_arg(obj: &Bound<'_, PyAny>, arg: &str) -> PyResult<i64> {
     // A bool is a Python int, but `seq_dim=True` or `budget=False` is a mistake, not an axis
-    // or a count.
-    if obj.is_instance_of::<pyo3::types::PyBool>() {
+    // or a count; so is a torch bool tensor.
+    let flag = if obj.is_instance_of::<pyo3::types::PyBool>() {
+        Some("bool")
+    } else if !obj.is_instance_of::<pyo3::types::PyInt>() && is_bool_tensor(obj) {
+        Some("a bool tensor")
+    } else {
+        None
+    };
+    if let Some(flag) = flag {
         return Err(PyTypeError::new_err(format!(
-            "{arg}: expected an int, got bool"
+            "{arg}: expected an int, got {flag}"
         )));
     }
     obj.extract::<i64>().map_err(|e| {
