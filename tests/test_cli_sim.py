@@ -78,6 +78,13 @@ def test_decide_profile_file_and_classes(
     argv = ["decide", "--class", "0.9:500:10", "--class", "0.1:500:500", "--eagle3-head"]
     code, out, _ = run(argv, capsys)
     assert code == 0 and "85% of output tokens" in out
+    # A flag wins over the file both ways: --no-eagle3-head turns a file's head off.
+    headed = tmp_path / "h.toml"
+    headed.write_text("prompt_tokens = 200\noutput_tokens = 500\neagle3_head = true\n")
+    code, out, _ = run(["decide", "--profile", str(headed), "--json"], capsys)
+    assert code == 0 and json.loads(out)["method"].startswith("eagle3")
+    code, out, _ = run(["decide", "--profile", str(headed), "--no-eagle3-head", "--json"], capsys)
+    assert code == 0 and not json.loads(out)["method"].startswith("eagle3")
 
 
 @pytest.mark.parametrize(

@@ -341,7 +341,9 @@ def add_decide_parser(sub: Any) -> None:
     for f in _FLAG_FIELDS:
         flag = "--" + f.name.replace("_", "-")
         if f.type in ("bool", bool):
-            p.add_argument(flag, dest=f.name, action="store_true", default=None)
+            # --x / --no-x: a flag wins over the profile file both ways (store_true could not
+            # turn a file's `eagle3_head = true` off).
+            p.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=None)
         elif f.name == "engine":
             p.add_argument(flag, dest=f.name, default=None)
         elif f.name == "concurrency":
