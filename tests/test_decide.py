@@ -302,6 +302,8 @@ def test_profile_files(tmp_path: Path) -> None:
         ({**DECODE_HEAVY, "ngram_hit_rate": -0.1}, "ngram_hit_rate"),
         ({**DECODE_HEAVY, "target_forward_ms": 0}, "target_forward_ms"),
         ({**DECODE_HEAVY, "knee_tokens": -3}, "knee_tokens"),
+        # Named in the profile's words (it named the cost model's t_target_ms).
+        ({**DECODE_HEAVY, "knee_tokens": 1e-320}, "too small for target_forward_ms 30"),
         ({**DECODE_HEAVY, "engine": "vllm-9"}, "engine"),
         ({**DECODE_HEAVY, "chunked_prefill": "yes"}, "chunked_prefill"),
         ({"classes": []}, "classes"),

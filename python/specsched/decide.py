@@ -161,6 +161,13 @@ class Profile:
             )
         for name in ("target_forward_ms", "knee_tokens", "eagle3_memory_gb", "min_speedup"):
             _positive(name, getattr(self, name))
+        # In the profile's own names (the cost model's check named its `t_target_ms`).
+        if not math.isfinite(self.target_forward_ms * self.concurrency / self.knee_tokens):
+            raise ProfileError(
+                f"knee_tokens: {self.knee_tokens!r}, too small for target_forward_ms "
+                f"{self.target_forward_ms!r} at concurrency {self.concurrency} (the cost per "
+                "token past the knee overflows)"
+            )
         for name in ("host_overhead_ms", "suffix_ms_per_token", "ngram_ms_per_token"):
             _non_negative(name, getattr(self, name))
         if self.memory_headroom_gb is not None:
