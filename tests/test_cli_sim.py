@@ -176,6 +176,11 @@ def test_decide_profile_file_and_classes(
         (["simulate", "--steps", "0", "--plot", "noext"], "--plot: noext: expected a file"),
         (["simulate", "--steps", "0", "--plot", "x.webp2"], "--plot: x.webp2: expected a file"),
         (["decide", "--prompt-tokens", "9", "--output-tokens", "9", "--plot", "."], "is a folder"),
+        # Before the sweep, naming the flag (it failed after the work: "[Errno 13] ...").
+        (
+            ["simulate", "--steps", "0", "--plot", "/proc/x.png"],
+            "--plot: /proc/x.png: cannot write it",
+        ),
         (["replay", "--seed", "-1", "--requests", "1"], "seed: must be >= 0, got -1"),
         (["decide", "--profile", "", "--prompt-tokens", "9", "--output-tokens", "9"], "--profile"),
         # A sweep that fails part-way: the progress bar's line is ended before the error.

@@ -236,6 +236,16 @@ def _check_plot_path(path: str | None) -> None:
     folder = os.path.dirname(path) or "."
     if not os.path.isdir(folder):
         raise ValueError(f"--plot: {path}: no such folder {folder!r}")
+    # Opened for writing once, before the work (os.access says yes to root everywhere):
+    # an unwritable path failed after the sweep with an error that named no flag.
+    existed = os.path.exists(path)
+    try:
+        with open(path, "ab"):
+            pass
+    except OSError as e:
+        raise ValueError(f"--plot: {path}: cannot write it ({e.strerror})") from None
+    if not existed:
+        os.remove(path)
     # matplotlib picks the format from the extension and appends .png to a name without one
     # (the command reported writing a file that did not exist): named here, before the sweep.
     extension = os.path.splitext(path)[1].lower().lstrip(".")
