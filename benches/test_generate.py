@@ -80,20 +80,6 @@ def torch_step(paths: TorchPaths, tokens: torch.Tensor, logits: torch.Tensor, ta
     return k, nodes, emitted
 
 
-def reference_step(trees: ss.TreeBatch, rows: np.ndarray, target: TinyTarget):
-    offsets = trees.offsets.tolist()
-    parents, tokens = trees.parents.tolist(), trees.tokens.tolist()
-    accepted = []
-    for b in range(trees.num_trees):
-        s, e = offsets[b], offsets[b + 1]
-        nodes, _ = ref.verify_logits(parents[s:e], tokens[s:e], rows[s:e].tolist())
-        accepted.append(len(nodes) - 1)
-        plan = ref.kv_compaction_plan(nodes, int(target.lengths[b]))
-        for src, dst in zip(*plan, strict=True):
-            target.cache[:, :, b, :, dst] = target.cache[:, :, b, :, src]
-    return accepted
-
-
 def reference_paths(trees: ss.TreeBatch, logits: np.ndarray) -> list[list[int]]:
     """Each tree's accepted path by the reference twin (independent of the Rust walk)."""
     offsets = trees.offsets.tolist()
@@ -104,13 +90,18 @@ def reference_paths(trees: ss.TreeBatch, logits: np.ndarray) -> list[list[int]]:
     ]
 
 
-def reference_compacted(cache: torch.Tensor, paths: list[list[int]], lengths: np.ndarray):
-    """`cache` with each request's accepted entries moved by the reference plan."""
-    out = cache.clone()
+def reference_compact(cache: torch.Tensor, paths: list[list[int]], lengths: np.ndarray):
+    """Moves each request's accepted entries of `cache` in place by the reference plan."""
     for b, nodes in enumerate(paths):
         for src, dst in zip(*ref.kv_compaction_plan(nodes, int(lengths[b])), strict=True):
-            out[:, :, b, :, dst] = out[:, :, b, :, src]
-    return out
+            cache[:, :, b, :, dst] = cache[:, :, b, :, src]
+    return cache
+
+
+def reference_step(trees: ss.TreeBatch, rows: np.ndarray, target: TinyTarget):
+    paths = reference_paths(trees, rows)
+    reference_compact(target.cache, paths, target.lengths)
+    return [len(nodes) - 1 for nodes in paths]
 
 
 @pytest.mark.parametrize("contender", CONTENDERS)
@@ -141,7 +132,7 @@ def test_loop_step(benchmark, batch, budget, contender):
             # From the cache as the forward left it, whatever ran before; a move repeated in
             # later rounds is a no-op (each source lies past every destination).
             target.cache.copy_(uncompacted[batch, budget])
-            want_cache = reference_compacted(target.cache, paths, target.lengths)
+            want_cache = reference_compact(target.cache.clone(), paths, target.lengths)
             got = run(benchmark, fn)
             np.testing.assert_array_equal(got.accepted_nodes, expected.accepted_nodes)
             assert torch.equal(target.cache, want_cache)
