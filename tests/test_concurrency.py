@@ -385,14 +385,24 @@ def test_shared_builder_is_safe_or_refuses() -> None:
     assert refused < 200
 
 
-def test_compaction_and_a_reader_of_the_same_array_are_refused_not_raced() -> None:
+@pytest.mark.parametrize("kind", ["numpy", "torch", "torch views"])
+def test_compaction_and_a_reader_of_the_same_array_are_refused_not_raced(kind: str) -> None:
     """`compact_kv` holds its buffer's write borrow in rust-numpy's registry while it moves
     entries with the GIL released, as every in-place specsched call does: a verify reading the
     same array in another thread is refused (or refuses the compaction), and a read that runs
     sees the array before or after the moves, never half-moved (that read a maximum in one pass
-    and missed it in the next: 'row 2 contains NaN' on NaN-free logits)."""
+    and missed it in the next: 'row 2 contains NaN' on NaN-free logits). A torch CPU tensor
+    likewise, also when the two calls get two tensor objects over its storage: its numpy
+    views are keyed by the storage (each `tensor.numpy()` is based on a new object, so the
+    registry never saw one call from the other: 3 torn reads in 300)."""
     vocab = 1 << 21
-    logits = np.empty((4, vocab), np.float32)
+    logits: Any = np.empty((4, vocab), np.float32)
+    reader_logits, compacted_logits = logits, logits
+    if kind != "numpy":
+        torch = pytest.importorskip("torch")
+        logits = torch.empty((4, vocab), dtype=torch.float32)
+        reader_logits = logits[:] if kind == "torch views" else logits
+        compacted_logits = logits.detach() if kind == "torch views" else logits
     tree = ss.Tree([-1, 0, 0, 2], [5, 6, 7, 8])
     plan_rows = np.zeros((4, 16), np.float32)
     plan_rows[0, 7], plan_rows[2, 8], plan_rows[3, 3] = 1, 1, 1
@@ -410,7 +420,7 @@ def test_compaction_and_a_reader_of_the_same_array_are_refused_not_raced() -> No
         barrier.wait()
         time.sleep(delay)
         try:
-            r = ss.verify(tree, logits)
+            r = ss.verify(tree, reader_logits)
             seen["r"] = (r.accepted_nodes.tolist(), r.bonus_token)
         except ValueError as e:  # refused by the borrow, or a torn read's error
             seen["r"] = str(e)
@@ -423,7 +433,7 @@ def test_compaction_and_a_reader_of_the_same_array_are_refused_not_raced() -> No
         reader.start()
         barrier.wait()
         try:
-            ss.compact_kv(logits, moves, 0, 0)
+            ss.compact_kv(compacted_logits, moves, 0, 0)
             compacted = True
         except ValueError as e:
             assert "borrowed" in str(e), e

@@ -61,3 +61,29 @@ def test_unusual_valid_inputs_match_plain_ones(matrix: dict) -> None:
     failed = [f"{c['fn']} / {c['kind']}: {c['problem']}" for c in accepted if not c["ok"]]
     assert not failed, "\n".join(failed)
     assert len(accepted) >= 8
+
+
+class _Raising:
+    """An array-like whose conversion raises `error`."""
+
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+    def __array__(self, dtype: object = None, copy: object = None) -> object:
+        raise self.error
+
+
+def test_what_an_arguments_conversion_raises_is_passed_on_unless_numpy_refused_it() -> None:
+    """Every exception raised while an argument became an array came out as a TypeError
+    ("expected an array"): Ctrl-C in an `__array__` was swallowed, a MemoryError and a
+    concurrent call's "Already borrowed" read as a wrong type. numpy's own refusals (a
+    ragged list) are still a TypeError naming the argument, with numpy's error as the cause."""
+    import specsched as ss
+
+    tree = ss.Tree.chain([1, 2])
+    for error in (KeyboardInterrupt(), MemoryError(), RuntimeError("Already borrowed")):
+        with pytest.raises(type(error)):
+            ss.verify(tree, target_tokens=_Raising(error))
+    with pytest.raises(TypeError, match=r"^target_tokens: expected an array") as info:
+        ss.verify(tree, target_tokens=[[1, 2], [3]])
+    assert isinstance(info.value.__cause__, ValueError)

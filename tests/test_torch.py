@@ -873,3 +873,31 @@ def test_device_reduction_on_a_non_cuda_device() -> None:
     assert got.tokens.tolist() == want.tokens.tolist()
     with pytest.raises(TypeError, match="logits"):
         ss.verify(tree, torch.zeros(4, 10, dtype=torch.float8_e4m3fn))
+
+
+def test_host_views_of_a_tensor_are_keyed_by_its_storage() -> None:
+    """rust-numpy's borrow registry tells buffers apart by a view's first base that is not an
+    array: `t.numpy()`'s is the tensor object, a new one per `detach()` or slice, so two
+    specsched calls on one tensor never saw each other (tests/test_concurrency.py races them).
+    Every host view specsched makes of a CPU tensor is based on the tensor's storage object,
+    one per storage, which keeps the memory alive."""
+    t = torch.arange(12, dtype=torch.float32)
+    storage = t.untyped_storage()
+    views = [
+        _torch.numpy_of(t),
+        _torch.numpy_of(t[3:].detach()),
+        _torch.cpu_view(t.view(3, 4).T, "logits")[0],
+        _torch.raw_cpu_view(t.to(torch.bfloat16), "cache"),
+        _torch.host_view(t),
+    ]
+    for v in views[:3] + views[4:]:
+        assert v.base is storage
+        assert np.shares_memory(v, views[0])
+    assert views[3].base is not storage  # another tensor's storage (a converted copy)
+    assert views[2].shape == (4, 3) and views[2].strides == (4, 16)
+    assert views[2].flags.writeable
+    frozen = np.arange(3.0)
+    assert _core.key_by_storage(frozen, t) is frozen  # not in the storage: as it is
+    kept = _torch.numpy_of(t[5:])
+    del t, storage, views
+    assert kept.tolist() == [float(x) for x in range(5, 12)]  # the storage outlives `t`

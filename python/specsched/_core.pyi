@@ -28,6 +28,7 @@ __all__ = [
     "commit_slots",
     "compact_kv",
     "expected_accept_length",
+    "key_by_storage",
     "kv_compaction_plan",
     "optimal_tree",
     "sglang_build_tree",
@@ -344,6 +345,11 @@ def commit_slots(
     slots: npt.ArrayLike, result: VerifyResult | BatchVerifyResult
 ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
     """Paged caches: (kept, freed) slot ids."""
+
+def key_by_storage(view: npt.NDArray[Any], tensor: Any) -> npt.NDArray[Any]:
+    """`view` (of CPU tensor `tensor`'s memory) based on the tensor's storage object, so that
+    rust-numpy's borrow registry sees every view of one storage as one buffer; `view` itself
+    when it is not in that storage."""
 
 def sim_chain_expected_tokens(alpha: float, gamma: int) -> float:
     """Expected tokens per target call of a chain of `gamma` drafts (bonus included)."""

@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from specsched import _core
+
 if TYPE_CHECKING:
     import torch
 
@@ -34,6 +36,15 @@ def is_tensor(x: object) -> bool:
     return torch is not None and isinstance(x, torch.Tensor)
 
 
+def numpy_of(t: torch.Tensor) -> np.ndarray:
+    """`t.numpy()` (same memory), based on `t`'s storage rather than on `t`: rust-numpy's
+    borrow registry tells buffers apart by that base, so two specsched calls on one storage
+    (a verify of logits that a compaction moves, two compactions of one cache) overlap there
+    and the second is refused instead of racing. (`t.numpy()` is based on the tensor object,
+    a new one for every `detach()` or slice.)"""
+    return _core.key_by_storage(t.numpy(), t)
+
+
 def cpu_view(t: torch.Tensor, arg: str = "logits") -> tuple[np.ndarray, str | None]:
     """A numpy view sharing `t`'s memory, and "bfloat16" when the view holds bf16 bit patterns.
     `arg` names the tensor in errors.
@@ -45,11 +56,11 @@ def cpu_view(t: torch.Tensor, arg: str = "logits") -> tuple[np.ndarray, str | No
     check_dense(t, arg)
     t = t.detach()
     if t.dtype == torch.bfloat16:
-        return t.resolve_neg().view(torch.int16).numpy(), "bfloat16"
+        return numpy_of(t.resolve_neg().view(torch.int16)), "bfloat16"
     if not t.is_floating_point():
         raise TypeError(f"{arg}: expected a floating-point tensor, got {t.dtype}")
     try:
-        return t.numpy(), None
+        return numpy_of(t), None
     except TypeError:  # float8 and other formats numpy cannot hold
         raise TypeError(
             f"{arg}: dtype {t.dtype} has no host kernel (float16/32/64 and bfloat16 do): "
@@ -60,7 +71,7 @@ def cpu_view(t: torch.Tensor, arg: str = "logits") -> tuple[np.ndarray, str | No
         # materialised (a copy; only then, the common case costs nothing).
         if not t.is_neg():
             raise
-        return t.resolve_neg().numpy(), None
+        return numpy_of(t.resolve_neg()), None
 
 
 def host_view(t: torch.Tensor) -> Any:
@@ -77,7 +88,7 @@ def host_view(t: torch.Tensor) -> Any:
     if t.device.type != "cpu" or t.dtype == torch.bfloat16:
         return t
     try:
-        return t.detach().numpy()
+        return numpy_of(t.detach())
     except (TypeError, RuntimeError):  # float8, sparse, a lazily negated view: verify's own
         return t
 
@@ -104,9 +115,9 @@ def raw_cpu_view(t: torch.Tensor, arg: str = "cache") -> np.ndarray:
         t = t.conj()
     check_movable(t, arg)
     try:
-        return t.numpy()
+        return numpy_of(t)
     except TypeError:  # bfloat16, float8, ...: reinterpret as integers of the same width
-        return t.view(getattr(torch, _INT_OF_SIZE[t.element_size()])).numpy()
+        return numpy_of(t.view(getattr(torch, _INT_OF_SIZE[t.element_size()])))
 
 
 def check_movable(t: torch.Tensor, arg: str) -> None:
@@ -408,7 +419,7 @@ def host_array(x: Any, arg: str, floats: bool = False) -> Any:
         if narrow and floats:
             t = t.float()
         try:
-            return t.resolve_conj().resolve_neg().numpy()
+            return numpy_of(t.resolve_conj().resolve_neg())
         except (TypeError, RuntimeError) as e:
             raise TypeError(f"{arg}: a {t.dtype} tensor numpy cannot hold ({e})") from None
     return x

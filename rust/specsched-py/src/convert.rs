@@ -57,14 +57,27 @@ pub fn as_ndarray<'py>(obj: &Bound<'py, PyAny>, arg: &str) -> PyResult<Bound<'py
     let tensor = torch_for_numpy(obj, arg)?;
     let obj = tensor.as_ref().unwrap_or(obj);
     let converted = np.call_method1("asarray", (obj,)).map_err(|e| {
-        PyTypeError::new_err(format!(
+        // numpy's own refusals (a ragged list, a value no dtype holds) are a wrong input;
+        // anything else (an interrupt, a MemoryError, an object's own `__array__` failing,
+        // a concurrent call on an object it reads) is passed on as it came.
+        let py = obj.py();
+        if !(e.is_instance_of::<PyTypeError>(py) || e.is_instance_of::<PyValueError>(py)) {
+            return e;
+        }
+        let named = PyTypeError::new_err(format!(
             "{arg}: expected an array, got {}: {e}",
             type_name(obj)
-        ))
+        ));
+        named.set_cause(py, Some(e));
+        named
     })?;
     let converted = converted.cast_into::<PyUntypedArray>().map_err(|_| {
         PyTypeError::new_err(format!("{arg}: expected an array, got {}", type_name(obj)))
     })?;
+    let converted = match &tensor {
+        Some(t) => keyed_by_storage(&converted, t)?,
+        None => converted,
+    };
     let kind = converted.dtype().kind();
     if matches!(kind, b'f' | b'O' | b'u') {
         // numpy makes [1, 2**63] float64 (bits lost) and [2**64] an object array: an int the
@@ -159,6 +172,78 @@ fn torch_for_numpy<'py>(obj: &Bound<'py, PyAny>, arg: &str) -> PyResult<Option<B
         }
     }
     Ok(Some(tensor))
+}
+
+/// `view` (a numpy view of torch CPU tensor `tensor`'s memory) re-based on the tensor's
+/// storage object. rust-numpy's borrow registry tells buffers apart by the first base of a
+/// view that is not an array: for `tensor.numpy()` that is the tensor object, a new one for
+/// every `detach()` or slice, so two specsched calls on one tensor (a verify of logits that a
+/// compaction moves, two compactions of one cache) would never see each other and would race.
+/// torch keeps one Python object per storage for as long as the storage lives, shared by all
+/// its tensors, views and dtype reinterpretations: keyed by it, such calls overlap in the
+/// registry and the second is refused. A view that shares nothing with `tensor`'s storage is
+/// returned as it is.
+pub fn keyed_by_storage<'py>(
+    view: &Bound<'py, PyUntypedArray>,
+    tensor: &Bound<'py, PyAny>,
+) -> PyResult<Bound<'py, PyUntypedArray>> {
+    let py = view.py();
+    let storage = tensor.call_method0(pyo3::intern!(py, "untyped_storage"))?;
+    let start: usize = storage
+        .call_method0(pyo3::intern!(py, "data_ptr"))?
+        .extract()?;
+    let bytes: usize = storage
+        .call_method0(pyo3::intern!(py, "nbytes"))?
+        .extract()?;
+    let data = data_ptr(view) as usize;
+    if bytes == 0 || data < start || data >= start.saturating_add(bytes) {
+        // An empty storage holds nothing to race over; a copy (numpy could not view the
+        // tensor) is its own buffer already.
+        return Ok(view.clone());
+    }
+    let mut dims: Vec<npy_intp> = view.shape().iter().map(|&d| d as npy_intp).collect();
+    let mut strides: Vec<npy_intp> = view.strides().to_vec();
+    let flags = if is_writeable(view) {
+        NPY_ARRAY_WRITEABLE
+    } else {
+        0
+    };
+    // SAFETY: `view` is a live array; the new one describes exactly its memory (same dtype,
+    // dimensions, strides and data pointer, which NewFromDescr only reads), its dtype reference
+    // is a new one handed over (NewFromDescr steals it), its type `view`'s own, and its base, set before the array is
+    // returned, is `storage`, which owns that memory: the array keeps it alive. SetBaseObject
+    // steals the storage reference we hand it; a null or nonzero result means a Python error
+    // is set.
+    unsafe {
+        let descr = (*view.as_array_ptr()).fields.descr;
+        pyo3::ffi::Py_INCREF(descr.cast());
+        let ptr = PY_ARRAY_API.PyArray_NewFromDescr(
+            py,
+            pyo3::ffi::Py_TYPE(view.as_ptr()),
+            descr,
+            dims.len() as std::os::raw::c_int,
+            dims.as_mut_ptr(),
+            strides.as_mut_ptr(),
+            data_ptr(view).cast(),
+            flags,
+            std::ptr::null_mut(),
+        );
+        let array = Bound::from_owned_ptr_or_err(py, ptr)?;
+        if PY_ARRAY_API.PyArray_SetBaseObject(py, ptr.cast(), storage.into_ptr()) != 0 {
+            return Err(PyErr::fetch(py));
+        }
+        Ok(array.cast_into_unchecked())
+    }
+}
+
+/// The same as `keyed_by_storage`, for the Python layer's own conversions of CPU tensors
+/// (`specsched._torch`): `view` is `tensor.numpy()` or a view of it.
+#[pyfunction]
+pub fn key_by_storage<'py>(
+    view: &Bound<'py, PyUntypedArray>,
+    tensor: &Bound<'py, PyAny>,
+) -> PyResult<Bound<'py, PyUntypedArray>> {
+    keyed_by_storage(view, tensor)
 }
 
 /// A bfloat16 torch tensor widened to float32, for the arguments read as floats (numpy has

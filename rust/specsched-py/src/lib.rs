@@ -44,6 +44,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(sglang::sglang_organize, m)?)?;
     m.add_function(wrap_pyfunction!(sglang::sglang_build_tree, m)?)?;
     m.add_function(wrap_pyfunction!(sglang::sglang_verify_tree_greedy, m)?)?;
+    m.add_function(wrap_pyfunction!(convert::key_by_storage, m)?)?;
     m.add_class::<draft::PySuffixDrafter>()?;
     m.add_class::<draft::PyNgramDrafter>()?;
     m.add_class::<draft::PyDraft>()?;
