@@ -542,7 +542,7 @@ def test_outputs_sharing_memory_with_another_argument_are_refused():
     storage = torch.zeros(8, dtype=torch.int64)
     storage[:3] = torch.tensor([0, 1, 2])
     selection = storage[:3].reshape(1, 3)
-    with pytest.raises(ValueError, match="positions and top_scores_index may share memory"):
+    with pytest.raises(ValueError, match="position_buf and top_scores_index may share memory"):
         sg.build_tree_kernel_efficient(
             vid, pl, selection, drafts, seq, 5, 2, 2, 4, 1, None, storage
         )
@@ -714,3 +714,55 @@ def test_full_mask_lengths_are_checked_before_the_mask_is_sized():
     # 2**40 tokens of FULL mask rows: a MemoryError (4 TiB) before.
     with pytest.raises(ValueError, match="seq_lens: the FULL mask of these lengths has"):
         sg.build_tree_kernel_efficient(*args, drafts, np.array([2**40]), 2**40, 2, 2, 2, 0)
+
+
+def test_token_ids_and_scores_of_another_kind_are_named():
+    """Tokens are integers: a bool, float, text or duration array was cast into the returned
+    `draft_tokens` (bool drafts came back as token 1, str ones as text), a uint64 id past
+    int64 as float64; scores are numbers (a void step was numpy's unnamed promotion error)."""
+    pl, sel = [[-1, 0, 1]], [[0, 1]]
+    assert build(pl, sel, draft_tokens=np.array([[4, 5]], np.int32))[5].tolist() == [0, 4, 5]
+    for arg, bad in [
+        ("verified_id", np.array(["1"])),
+        ("verified_id", np.array([1 + 0j])),
+        ("draft_tokens", np.array([[True, False]])),
+        ("draft_tokens", np.array([[1.0, 2.0]])),
+        ("draft_tokens", np.array([[1, 2]], "m8[s]")),
+        ("draft_tokens", np.array([[1, 2]], object)),
+    ]:
+        with pytest.raises(TypeError, match=f"{arg}: expected integer token ids, got dtype"):
+            build(pl, sel, **{arg: bad})
+    with pytest.raises(ValueError, match=f"verified_id: token id {2**63 + 1} does not fit"):
+        build(pl, sel, verified_id=np.array([2**63 + 1], np.uint64))
+    steps = [np.zeros((1, 1, 2), np.float32), np.zeros((1, 2, 2), np.float32)]
+    tokens = [np.zeros((1, 2), np.int64), np.zeros((1, 4), np.int64)]
+    parents = [np.zeros((1, 3), np.int64), np.zeros((1, 2), np.int64)]
+    sg.organize_draft_results(steps, tokens, parents, 3)
+    with pytest.raises(TypeError, match=r"token_list\[1\]: expected integer token ids"):
+        sg.organize_draft_results(steps, [tokens[0], tokens[1].astype(bool)], parents, 3)
+    with pytest.raises(TypeError, match=r"score_list\[1\]: expected scores \(numbers\)"):
+        sg.organize_draft_results([steps[0], np.zeros((1, 2, 2), "V4")], tokens, parents, 3)
+
+
+def test_errors_about_the_callers_buffers_name_them():
+    """The binding's outputs are the caller's `position_buf` / `tree_mask_buf` when given:
+    its refusals named its own `positions` / `tree_mask`, parameters the caller never saw."""
+    pl, sel = [[-1, 0, 1]], [[0, 1]]
+    qlen = sg.TreeMaskMode.QLEN_ONLY
+    frozen_pos, frozen_mask = np.zeros(3, np.int64), np.zeros(9, np.bool_)
+    frozen_pos.flags.writeable = frozen_mask.flags.writeable = False
+    with pytest.raises(ValueError, match="position_buf: is read-only"):
+        build(pl, sel, position_buf=frozen_pos)
+    with pytest.raises(ValueError, match="tree_mask_buf: is read-only"):
+        build(pl, sel, tree_mask_mode=qlen, tree_mask_buf=frozen_mask)
+    odd = np.frombuffer(bytearray(8 * 3 + 1), np.int64, count=3, offset=1)
+    with pytest.raises(ValueError, match="position_buf: its data is not aligned"):
+        build(pl, sel, position_buf=odd)
+
+
+def test_a_lazily_negated_tensor_is_named():
+    torch = pytest.importorskip("torch")
+    pl, vid, drafts, seq = (torch.tensor(x) for x in ([[-1, 0, 1]], [7], [[1, 2]], [5]))
+    negated = torch.tensor([[0, -1]])._neg_view()  # reads [[0, 1]]
+    with pytest.raises(TypeError, match=r"top_scores_index: a lazily negated view"):
+        sg.build_tree_kernel_efficient(vid, pl, negated, drafts, seq, 5, 2, 2, 3, 1)

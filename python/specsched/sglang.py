@@ -20,7 +20,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from specsched import _core
+from specsched import _core, _torch
 from specsched._args import int_arg
 
 __all__ = [
@@ -59,11 +59,28 @@ def _host(x: Any, arg: str) -> np.ndarray:
                 f"{arg}: specsched.sglang runs on the host; got a tensor on {x.device} "
                 "(pass CPU tensors or numpy arrays)"
             )
+        if x.is_neg():
+            raise TypeError(
+                f"{arg}: a lazily negated view (negative bit set) has no memory of its "
+                f"values; pass {arg}.resolve_neg()"
+            )
         try:
-            return x.detach().numpy()
+            return _torch.numpy_of(x.detach())
         except TypeError:  # bfloat16 and other dtypes numpy has no type for
             raise TypeError(f"{arg}: dtype {x.dtype} has no numpy equivalent") from None
     return np.asarray(x)
+
+
+def _token_ids(x: np.ndarray, arg: str) -> np.ndarray:
+    """`x` checked to hold token ids: integers (a bool, a float or text would be cast into
+    the returned tokens), none past int64 (where promotion with int64 would go to float)."""
+    if x.size == 0:
+        return x
+    if x.dtype.kind not in "iu":
+        raise TypeError(f"{arg}: expected integer token ids, got dtype {x.dtype}")
+    if x.dtype == np.uint64 and int(x.max()) > np.iinfo(np.int64).max:
+        raise ValueError(f"{arg}: token id {int(x.max())} does not fit in int64")
+    return x
 
 
 def _count(value: Any, arg: str) -> int:
@@ -114,7 +131,13 @@ def organize_draft_results(
     torch_in = _is_torch(score_list[0])
     n = _count(num_draft_token, "num_draft_token")
     scores = [_host(s, f"score_list[{i}]") for i, s in enumerate(score_list)]
-    tokens = [_host(t, f"token_list[{i}]") for i, t in enumerate(token_list)]
+    for i, s in enumerate(scores):
+        if s.size and s.dtype.kind not in "iuf":
+            raise TypeError(f"score_list[{i}]: expected scores (numbers), got dtype {s.dtype}")
+    tokens = [
+        _token_ids(_host(t, f"token_list[{i}]"), f"token_list[{i}]")
+        for i, t in enumerate(token_list)
+    ]
     if scores[0].ndim == 0:
         raise ValueError("score_list[0]: expected a [bs, ...] array, got a scalar")
     bs = scores[0].shape[0]
@@ -231,8 +254,8 @@ def build_tree_kernel_efficient(
     seq = _host(seq_lens, "seq_lens")
     if seq.ndim != 1:
         raise ValueError(f"seq_lens: expected a 1-D array [bs], got shape {seq.shape}")
-    vid = _host(verified_id, "verified_id")
-    drafts = _host(draft_tokens, "draft_tokens")
+    vid = _token_ids(_host(verified_id, "verified_id"), "verified_id")
+    drafts = _token_ids(_host(draft_tokens, "draft_tokens"), "draft_tokens")
     bs, total_seq = seq.shape[0], int_arg(seq_lens_sum, "seq_lens_sum", 0)
     if vid.shape != (bs,) or drafts.shape != (bs, n - 1):
         raise ValueError(

@@ -72,9 +72,11 @@ pub fn sglang_build_tree(
     #[pyo3(from_py_with = crate::convert::tree_mask_mode_arg)] tree_mask_mode: i64,
     tokens: Option<(Bound<'_, PyAny>, Bound<'_, PyAny>, Bound<'_, PyAny>)>,
 ) -> PyResult<()> {
+    // Named as the wrapper's caller passes them (`build_tree_kernel_efficient`'s buffers):
+    // an error about either can only be about a buffer of theirs.
     let outputs = [
-        ("tree_mask", tree_mask),
-        ("positions", positions),
+        ("tree_mask_buf", tree_mask),
+        ("position_buf", positions),
         ("retrive_index", retrive_index),
         ("retrive_next_token", retrive_next_token),
         ("retrive_next_sibling", retrive_next_sibling),
@@ -134,7 +136,7 @@ pub fn sglang_build_tree(
         fixed(pl.view(), "parent_list")?,
         fixed(sel.view(), "top_scores_index")?,
     );
-    let mut pos = out_array::<i64>(positions, "positions", "int64")?;
+    let mut pos = out_array::<i64>(positions, "position_buf", "int64")?;
     let mut ri = out_array::<i64>(retrive_index, "retrive_index", "int64")?;
     let mut nt = out_array::<i64>(retrive_next_token, "retrive_next_token", "int64")?;
     let mut ns = out_array::<i64>(retrive_next_sibling, "retrive_next_sibling", "int64")?;
@@ -163,7 +165,7 @@ pub fn sglang_build_tree(
     };
     match tree_mask_mode {
         0 | 1 => {
-            let mut m = out_array::<bool>(tree_mask, "tree_mask", "bool")?;
+            let mut m = out_array::<bool>(tree_mask, "tree_mask_buf", "bool")?;
             let m = m.as_slice_mut()?;
             run(if tree_mask_mode == 0 {
                 MaskOut::Full(m)
@@ -173,13 +175,13 @@ pub fn sglang_build_tree(
         }
         2 => match sglang::packed_word_bytes(num_verify_tokens).py()? {
             1 => run(MaskOut::Packed8(
-                out_array::<u8>(tree_mask, "tree_mask", "uint8")?.as_slice_mut()?,
+                out_array::<u8>(tree_mask, "tree_mask_buf", "uint8")?.as_slice_mut()?,
             )),
             2 => run(MaskOut::Packed16(
-                out_array::<u16>(tree_mask, "tree_mask", "uint16")?.as_slice_mut()?,
+                out_array::<u16>(tree_mask, "tree_mask_buf", "uint16")?.as_slice_mut()?,
             )),
             _ => run(MaskOut::Packed32(
-                out_array::<u32>(tree_mask, "tree_mask", "uint32")?.as_slice_mut()?,
+                out_array::<u32>(tree_mask, "tree_mask_buf", "uint32")?.as_slice_mut()?,
             )),
         },
         m => Err(PyValueError::new_err(format!(
