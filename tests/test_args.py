@@ -58,3 +58,72 @@ def test_float_arg_maps_huge_ints_to_infinity() -> None:
     assert type(float_arg(np.float16(0.5), "x")) is float
     with pytest.raises(TypeError, match=f"x: expected a number, got {type(np.bool_(0)).__name__}$"):
         float_arg(np.bool_(False), "x")
+
+
+def test_durations_are_not_numbers() -> None:
+    """np.timedelta64 subclasses np.signedinteger: checks by `isinstance(x, np.integer)` or
+    `np.issubdtype(dtype, np.integer)` took a duration as a count, a seed or a sampling
+    parameter (`temperature=np.timedelta64(1, 's')` sampled)."""
+    import specsched as ss
+
+    second = np.timedelta64(1, "s")
+    with pytest.raises(TypeError, match=r"^x: expected a number, got timedelta64$"):
+        float_arg(second, "x")
+    with pytest.raises(TypeError, match=r"^n: expected an int, got timedelta64$"):
+        int_arg(second, "n")
+    tree, logits = ss.Tree.chain([1, 2]), np.zeros((2, 8), np.float32)
+    for kw, arg in [
+        ({"temperature": second}, "temperature"),
+        ({"temperature": np.array([1], "m8[s]")}, "temperature"),
+        ({"top_k": np.array([2], "m8[D]")}, "top_k"),
+        ({"top_p": np.timedelta64(1, "ns")}, "top_p"),
+        ({"seed": second}, "seed"),
+        ({"seed": [second]}, r"seed\[0\]"),
+    ]:
+        with pytest.raises(TypeError, match=f"^{arg}: expected"):
+            ss.verify(tree, logits, **{"temperature": 1.0, **kw})
+    with pytest.raises(TypeError, match=r"^input_ids\[0\]: expected a sequence of int token"):
+        generate(_NoTarget(), None, [np.array([1, 2], "m8[s]")], 1)
+
+
+class _NoTarget:
+    """The target protocol's methods, never reached: the arguments are refused first."""
+
+    def prefill(self, input_ids: Any) -> Any:
+        raise AssertionError("prefill ran")
+
+    forward_tree = accept = prefill
+
+
+def test_unsigned_top_k_of_any_width_is_a_count() -> None:
+    """numpy 2 refuses int64's maximum as a uint32 scalar: clamping a narrow unsigned top_k
+    to it raised an unnamed OverflowError; only uint64 can pass int64."""
+    import specsched as ss
+
+    tree, logits = ss.Tree([-1, 0, 0], [0, 1, 2]), np.array([[0.0, 1.0, 2.0, 0.5]] * 3)
+    for seed in range(8):
+        kw = {"temperature": 1.0, "seed": seed}
+        want = ss.verify(tree, logits, top_k=2, **kw).tokens.tolist()
+        for top_k in (np.uint8(2), np.uint16(2), np.uint32(2), np.array([2], np.uint32)):
+            assert ss.verify(tree, logits, top_k=top_k, **kw).tokens.tolist() == want
+
+
+def test_toy_models_name_their_arguments() -> None:
+    """`specsched.testing.toy_models` is public: numpy's "negative dimensions are not allowed"
+    for vocab=-1, a bare IndexError later for vocab=1 (the context is tokens (0, 1)), and a
+    NaN mismatch surfacing as a draft_probs error were what a caller got."""
+    from specsched.testing import toy_models
+
+    assert toy_models(vocab=2).target_logits.shape == (2, 2, 2)
+    for kw, exc, match in [
+        ({"vocab": 1}, ValueError, "^vocab: must be >= 2, got 1"),
+        ({"vocab": -1}, ValueError, "^vocab: must be >= 2"),
+        ({"vocab": 1.5}, TypeError, "^vocab: expected an int, got float"),
+        ({"vocab": 257}, ValueError, r"^vocab: at most 256 \(each model is a \[V, V, V\] table"),
+        ({"seed": -1}, ValueError, "^seed: must be >= 0"),
+        ({"mismatch": float("nan")}, ValueError, "^mismatch: expected a finite number >= 0"),
+        ({"mismatch": -0.5}, ValueError, "^mismatch: expected a finite number >= 0"),
+        ({"mismatch": "1"}, TypeError, "^mismatch: expected a number, got str"),
+    ]:
+        with pytest.raises(exc, match=match):
+            toy_models(**kw)

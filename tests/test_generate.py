@@ -421,6 +421,15 @@ def test_drafters_off_the_protocol_are_named_before_the_prefill() -> None:
             generate(target, drafter, [[0, 1]], 4)
     assert CountingTarget.prefills == 0
 
+    class NoTreeTarget(CountingTarget):
+        forward_tree = None  # type: ignore[assignment]
+
+    # A target off the protocol likewise (an AttributeError, after the prefill for this one).
+    for bad in (None, "gpt2", NoTreeTarget(models.target_logits)):
+        with pytest.raises(TypeError, match=r"^target: expected a TargetModel \(prefill, "):
+            generate(bad, None, [[0, 1]], 4)
+    assert CountingTarget.prefills == 0
+
     class OneTreeDrafter(ToyDrafter):
         def propose(self, roots: np.ndarray, active: np.ndarray) -> Any:
             return super().propose(roots, active)[0]  # a Tree, not a TreeBatch

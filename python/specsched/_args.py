@@ -40,7 +40,8 @@ def _kind(value: Any) -> str:
 def float_arg(value: Any, arg: str) -> float:
     """A Python or numpy real number (not a bool) as a float, named when it is not one; an int
     past float64 becomes +-inf (out of every finite range, checked by the caller)."""
-    if isinstance(value, (bool, np.bool_)) or not isinstance(
+    # np.timedelta64 is an np.integer subclass, but a duration, not a number.
+    if isinstance(value, (bool, np.bool_, np.timedelta64)) or not isinstance(
         value, (int, float, np.integer, np.floating)
     ):
         raise TypeError(f"{arg}: expected a number, got {type(value).__name__}")

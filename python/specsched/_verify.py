@@ -211,10 +211,8 @@ def _param(value: Any, name: str, default: float | int, integer: bool, requests:
         arr = np.asarray(value)
     except (TypeError, ValueError) as e:
         raise TypeError(f"{name}: expected a number or a 1-D array of numbers: {e}") from None
-    if arr.dtype == np.bool_ or not (
-        np.issubdtype(arr.dtype, np.integer)
-        or (not integer and np.issubdtype(arr.dtype, np.floating))
-    ):
+    # By kind, not `np.issubdtype(..., np.integer)`: timedelta64 subclasses signedinteger.
+    if arr.dtype.kind not in ("iu" if integer else "iuf"):
         kind = "integers" if integer else "numbers"
         raise TypeError(f"{name}: expected {kind}, got dtype {arr.dtype}")
     if arr.ndim > 1:
@@ -223,9 +221,10 @@ def _param(value: Any, name: str, default: float | int, integer: bool, requests:
         raise ValueError(
             f"{name}: has {len(arr)} entries; expected 1 or one per request ({requests})"
         )
-    if integer and arr.dtype.kind == "u":
-        # Past int64 it would wrap negative; any k that large keeps every token.
-        arr = np.minimum(arr, _INT64.max)
+    if integer and arr.dtype == np.uint64:
+        # Past int64 it would wrap negative; any k that large keeps every token. (Narrower
+        # unsigned types fit: numpy 2 refuses int64's maximum as their scalar.)
+        arr = np.minimum(arr, np.uint64(_INT64.max))
     return np.ascontiguousarray(arr.reshape(-1), dtype=np.int64 if integer else np.float64)
 
 
@@ -258,7 +257,7 @@ def _seed(seed: Any, requests: int) -> int | np.ndarray:
         return secrets.randbits(64)
     if isinstance(seed, bool):
         raise TypeError("seed: expected an int, got bool")
-    if isinstance(seed, (int, np.integer)):
+    if isinstance(seed, (int, np.integer)) and not isinstance(seed, np.timedelta64):
         if not 0 <= int(seed) < _U64:
             raise ValueError(f"seed: expected an int in [0, 2**64), got {seed}")
         return int(seed)
@@ -285,7 +284,7 @@ def _seed(seed: Any, requests: int) -> int | np.ndarray:
         _check_seed_count(len(items), requests)
     values = []
     for b, x in enumerate(items):
-        if isinstance(x, (bool, np.bool_)) or not isinstance(x, (int, np.integer)):
+        if isinstance(x, (bool, np.bool_, np.timedelta64)) or not isinstance(x, (int, np.integer)):
             raise TypeError(f"seed[{b}]: expected an int, got {type(x).__name__}")
         values.append(int(x))
     for b, x in enumerate(values):

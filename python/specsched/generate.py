@@ -286,6 +286,18 @@ def _check_sampling(temperature: Any, top_k: Any, top_p: Any, seed: Any, n: int)
 _INT64_MAX = (1 << 63) - 1
 
 
+def _check_target(target: Any) -> None:
+    """A target has the protocol's methods: named before anything runs, not as an
+    AttributeError (after its prefill, for a target without `forward_tree`)."""
+    methods = ("prefill", "forward_tree", "accept")
+    missing = [m for m in methods if not callable(getattr(target, m, None))]
+    if missing:
+        raise TypeError(
+            f"target: expected a TargetModel (prefill, forward_tree, accept), got "
+            f"{type(target).__name__} without {', '.join(missing)}"
+        )
+
+
 def _check_drafter(drafter: Any) -> None:
     """A drafter has the protocol's methods (None decodes autoregressively): named before the
     target's prefill, not as an AttributeError after it."""
@@ -317,7 +329,7 @@ def _check_prompts(input_ids: Sequence[Sequence[int]], vocab_size: int | None) -
             isinstance(t, (bool, np.bool_)) for t in tokens
         ):
             raise TypeError(f"input_ids[{b}]: a bool among the token ids; give ints")
-        if row.ndim != 1 or not (row.size == 0 or np.issubdtype(row.dtype, np.integer)):
+        if row.ndim != 1 or not (row.size == 0 or row.dtype.kind in "iu"):
             raise TypeError(
                 f"input_ids[{b}]: expected a sequence of int token ids, got dtype {row.dtype} "
                 f"shape {row.shape}"
@@ -364,6 +376,7 @@ def generate(
     # past int64 is no limit a run can reach: clamped, so the lengths left stay int64.
     max_new_tokens = min(int_arg(max_new_tokens, "max_new_tokens", 1), _INT64_MAX)
     _check_drafter(drafter)
+    _check_target(target)
     vocab_size = getattr(target, "vocab_size", None)
     prompts = _check_prompts(input_ids, vocab_size)
     max_positions = getattr(target, "max_positions", None)

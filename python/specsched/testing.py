@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from specsched._args import float_arg, int_arg
 from specsched._core import Tree, TreeBatch
 
 
@@ -102,9 +103,24 @@ class ToyModels:
         return int(self.target_logits.shape[-1])
 
 
+_TOY_MAX_VOCAB = 256
+
+
 def toy_models(vocab: int = 5, seed: int = 0, mismatch: float = 1.0) -> ToyModels:
     """Random target and draft models; the draft is the target plus `mismatch`-sized noise, so
-    acceptance is partial and a rule that mishandles the draft shows up as bias."""
+    acceptance is partial and a rule that mishandles the draft shows up as bias.
+
+    `vocab` in [2, 256] (the context is tokens (0, 1); each model is a `[V, V, V]` table),
+    `seed` an int >= 0, `mismatch` a finite number >= 0."""
+    vocab = int_arg(vocab, "vocab", 2)
+    if vocab > _TOY_MAX_VOCAB:
+        raise ValueError(
+            f"vocab: at most {_TOY_MAX_VOCAB} (each model is a [V, V, V] table), got {vocab}"
+        )
+    seed = int_arg(seed, "seed", 0)
+    mismatch = float_arg(mismatch, "mismatch")
+    if not (math.isfinite(mismatch) and mismatch >= 0):
+        raise ValueError(f"mismatch: expected a finite number >= 0, got {mismatch}")
     rng = np.random.default_rng(seed)
     target = rng.standard_normal((vocab, vocab, vocab)) * 1.3
     draft = target + rng.standard_normal((vocab, vocab, vocab)) * mismatch
