@@ -73,8 +73,13 @@ def index_arrays():
     return st.tuples(st.sampled_from(INDEX_DTYPES), st.booleans())
 
 
-# shared/ (read-only project data) sits beside the repository checkout.
-PUBLISHED_TREES = Path(__file__).resolve().parents[2] / "shared" / "data" / "published_trees.json"
+# The published EAGLE / Medusa trees, copied from the project's read-only shared/data (beside
+# the checkout in CI, absent from a plain clone) so that the suite runs from the repository
+# alone; tests/test_tree.py checks the copy against shared/ wherever that is present.
+PUBLISHED_TREES = Path(__file__).with_name("data") / "published_trees.json"
+SHARED_PUBLISHED_TREES = (
+    Path(__file__).resolve().parents[2] / "shared" / "data" / "published_trees.json"
+)
 
 
 # A 5-node tree used by hand-checked cases:

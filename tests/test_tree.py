@@ -17,6 +17,7 @@ from specsched import reference as ref
 from strategies import (
     INDEX_DTYPES,
     PUBLISHED_TREES,
+    SHARED_PUBLISHED_TREES,
     TOKEN_DTYPES,
     as_array,
     batches,
@@ -249,6 +250,11 @@ def test_from_choices_matches_reference(
     for node, path in enumerate(new_paths):
         want = node_tokens[old_node[path]] if with_tokens else (path[-1] if path else 0)
         assert t.tokens[node] == want
+
+
+@pytest.mark.skipif(not SHARED_PUBLISHED_TREES.exists(), reason="no shared/ beside the checkout")
+def test_the_published_trees_copy_is_the_projects() -> None:
+    assert json.loads(PUBLISHED.read_text()) == json.loads(SHARED_PUBLISHED_TREES.read_text())
 
 
 @pytest.mark.parametrize(("name", "choices"), PUBLISHED_TREES, ids=[n for n, _ in PUBLISHED_TREES])
